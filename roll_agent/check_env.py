@@ -1,0 +1,263 @@
+"""Conformance checker for text envs: gymnasium's env_checker plus the roll_agent text contract.
+
+    python -m roll_agent.check_env roll_agent/FrozenLake-v0 size=8 is_slippery=true
+    python -m roll_agent.check_env my_package.my_env:MyGame-v0
+
+The contract (DESIGN.md section 3): text observations and actions; `reset` gives
+`info["instructions"]`; any string is a legal `step` argument, and one that cannot be
+parsed is an *invalid action* (`info["invalid_action"]`, state unchanged); every step's
+info has `success` and `invalid_action`; seeded episodes are deterministic; `close()`
+may be called twice.
+"""
+
+from __future__ import annotations
+
+import argparse
+import numbers
+import sys
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import gymnasium
+import numpy as np
+import yaml
+from gymnasium.utils.env_checker import check_env, data_equivalence
+
+SEED = 123
+EPISODE_STEPS = 8
+# Outputs a model really produces when it goes wrong. Junk avoids letters so it cannot
+# contain an action word by chance.
+GARBAGE_ACTIONS = {
+    "empty": "",
+    "unknown word": "zzz",
+    "10 kB of junk": ("#!?%&*(){}[]~^ 0123456789\n" * 400)[:10_000],
+    "unicode": "\u52a8\u4f5c \u00fc\u00f1\u00ee\u00e7\u00f8d\u00e9 \U0001f642 \u200b\u202e",
+    "unterminated tool call": "<tool_call>{",
+}
+
+# What the action space must accept: visible ASCII plus the whitespace models emit.
+MODEL_CHARS = frozenset(map(chr, range(32, 127))) | {"\n", "\t"}
+
+Step = tuple[str, float, bool, bool, dict]
+
+
+def _make(env_id: str, **kwargs: Any) -> gymnasium.Env:
+    """Make `env_id` as the rollout does; a `module:Name-v0` id imports `module` first."""
+    import envs  # noqa: F401  registers the built-in envs
+
+    return gymnasium.make(env_id, disable_env_checker=True, **kwargs)
+
+
+def check_text_env(env_id: str, **kwargs: Any) -> list[str]:
+    """Run every check on `env_id` made with `kwargs`; returns the names of the checks passed.
+
+    Raises AssertionError naming the failed check (an exception the env raised included).
+    """
+    return list(iter_checks(env_id, **kwargs))
+
+
+def iter_checks(env_id: str, **kwargs: Any) -> Iterator[str]:
+    """Yield each check's name once it passed."""
+    env = _run("make", lambda: _make(env_id, **kwargs))
+    yield "make"
+    closed = False
+    try:
+        for name, check in CHECKS:
+            _run(name, lambda: check(env))
+            yield name
+        closed = True
+        _run("close twice", lambda: (env.close(), env.close()))
+        yield "close twice"
+    finally:
+        if not closed:
+            env.close()
+
+
+def _run(name: str, thunk: Callable[[], Any]) -> Any:
+    try:
+        return thunk()
+    except AssertionError as exc:
+        raise AssertionError(f"{name}: {exc}") from exc
+    except Exception as exc:
+        raise AssertionError(f"{name}: raised {type(exc).__name__}: {exc}") from exc
+
+
+# -- the checks ---------------------------------------------------------------------------
+
+
+def check_spaces(env: gymnasium.Env) -> None:
+    assert isinstance(env.unwrapped, gymnasium.Env), f"{type(env.unwrapped)} is not a gymnasium.Env"
+    for label, space in (("observation", env.observation_space), ("action", env.action_space)):
+        assert isinstance(space, gymnasium.spaces.Text), f"{label}_space must be spaces.Text, got {space}"
+    missing = MODEL_CHARS - env.action_space.character_set
+    assert not missing, f"action_space charset lacks printable ASCII characters {sorted(missing)}"
+
+
+def check_gymnasium(env: gymnasium.Env) -> None:
+    check_env(env.unwrapped, skip_render_check=True)
+
+
+def check_reset(env: gymnasium.Env) -> None:
+    obs, info = env.reset(seed=SEED)
+    _check_obs(env, obs, "reset")
+    assert isinstance(info, dict), f"reset info must be a dict, got {type(info)}"
+    instructions = info.get("instructions")
+    assert isinstance(instructions, str) and instructions.strip(), (
+        f'reset info["instructions"] must be a non-empty str, got {instructions!r}'
+    )
+
+
+def check_valid_actions(env: gymnasium.Env) -> None:
+    _, info = env.reset(seed=SEED)
+    for action in info.get("admissible_actions") or [_probe_action(env, info)]:
+        env.reset(seed=SEED)
+        _, _, _, _, step_info = _checked_step(env, action)
+        assert not step_info["invalid_action"], f"admissible action {action!r} was treated as invalid"
+
+
+def check_expert_action(env: gymnasium.Env) -> None:
+    expert = getattr(env.unwrapped, "expert_action", None)
+    if expert is None:
+        return
+    env.reset(seed=SEED)
+    action = expert()
+    assert isinstance(action, str), f"expert_action() must return a str, got {type(action)}"
+    assert not _checked_step(env, action)[4]["invalid_action"], f"expert action {action!r} is invalid"
+
+
+def _free_text(env: gymnasium.Env) -> bool:
+    """Envs whose every text is a valid action declare metadata["free_text_actions"]."""
+    return bool(env.unwrapped.metadata.get("free_text_actions"))
+
+
+def check_garbage_actions(env: gymnasium.Env) -> None:
+    for label, garbage in GARBAGE_ACTIONS.items():
+        env.reset(seed=SEED)
+        _, _, terminated, _, info = _checked_step(env, garbage)
+        if _free_text(env):
+            continue  # stepping with it must not raise; nothing is invalid
+        assert info["invalid_action"] is True, f"{label} action {garbage[:40]!r} was not flagged invalid"
+        assert not terminated, f"{label} action {garbage[:40]!r} ended the episode"
+
+
+def check_invalid_keeps_state(env: gymnasium.Env) -> None:
+    # The same valid action after an invalid one must do exactly what it does without it.
+    if _free_text(env):
+        return
+    _, info = env.reset(seed=SEED)
+    action = _probe_action(env, info)
+    direct = _checked_step(env, action)
+    env.reset(seed=SEED)
+    _checked_step(env, GARBAGE_ACTIONS["unknown word"])
+    after_garbage = _checked_step(env, action)
+    assert data_equivalence(direct[:3], after_garbage[:3]), (
+        f"an invalid action changed the state: {action!r} then gives {after_garbage[:3]!r}, "
+        f"not {direct[:3]!r}"
+    )
+
+
+def check_determinism(env: gymnasium.Env) -> None:
+    first_reset, second_reset = env.reset(seed=SEED), env.reset(seed=SEED)
+    assert data_equivalence(first_reset, second_reset), "two resets with the same seed differ"
+    first, second = _episode(env), _episode(env)
+    assert data_equivalence(first, second), "the same seed and actions gave different steps"
+
+
+CHECKS: list[tuple[str, Callable[[gymnasium.Env], None]]] = [
+    ("spaces", check_spaces),
+    ("gymnasium env_checker", check_gymnasium),
+    ("reset and instructions", check_reset),
+    ("string actions", check_valid_actions),
+    ("expert action", check_expert_action),
+    ("garbage actions are invalid", check_garbage_actions),
+    ("invalid action keeps state", check_invalid_keeps_state),
+    ("seeded determinism", check_determinism),
+]
+
+
+# -- helpers ------------------------------------------------------------------------------
+
+
+def _check_obs(env: gymnasium.Env, obs: Any, where: str) -> None:
+    assert isinstance(obs, str), f"{where} observation must be a str, got {type(obs)}"
+    assert env.observation_space.contains(obs), (
+        f"{where} observation is outside observation_space (length or charset): {obs[:80]!r}"
+    )
+
+
+def _checked_step(env: gymnasium.Env, action: str) -> Step:
+    """env.step(action), asserting the return types and the info fields every step must have."""
+    result = env.step(action)
+    assert isinstance(result, tuple) and len(result) == 5, f"step must return 5 values, got {result!r}"
+    obs, reward, terminated, truncated, info = result
+    where = f"step({action[:40]!r})"
+    _check_obs(env, obs, where)
+    assert isinstance(reward, numbers.Real) and not isinstance(reward, bool), f"{where} reward {reward!r}"
+    for label, flag in (("terminated", terminated), ("truncated", truncated)):
+        assert isinstance(flag, (bool, np.bool_)), f"{where} {label} must be a bool, got {flag!r}"
+    assert isinstance(info, dict), f"{where} info must be a dict"
+    for key in ("success", "invalid_action"):
+        assert isinstance(info.get(key), bool), f'{where} info["{key}"] must be a bool, got {info.get(key)!r}'
+    return result
+
+
+def _probe_action(env: gymnasium.Env, info: dict) -> str:
+    """A valid action to try: an admissible one, else the expert's, else a seeded sample."""
+    if info.get("admissible_actions"):
+        return info["admissible_actions"][0]
+    expert = getattr(env.unwrapped, "expert_action", None)
+    if expert is not None:
+        return expert()
+    env.action_space.seed(SEED)
+    return env.action_space.sample()
+
+
+def _episode(env: gymnasium.Env) -> list[Step]:
+    """Up to EPISODE_STEPS steps from the seeded reset, cycling through valid actions."""
+    _, info = env.reset(seed=SEED)
+    steps = []
+    for i in range(EPISODE_STEPS):
+        admissible = info.get("admissible_actions")
+        action = admissible[i % len(admissible)] if admissible else _probe_action(env, info)
+        steps.append(_checked_step(env, action))
+        info = steps[-1][4]
+        if steps[-1][2] or steps[-1][3]:
+            break
+    return steps
+
+
+# -- command line -------------------------------------------------------------------------
+
+
+def parse_kwargs(pairs: list[str]) -> dict[str, Any]:
+    """`key=value` pairs, each value read as a YAML scalar (8, 0.5, true, null, text)."""
+    kwargs = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise ValueError(f"expected key=value, got {pair!r}")
+        kwargs[key] = yaml.safe_load(value)
+    return kwargs
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("env_id", help="gymnasium id, e.g. roll_agent/Sokoban-v0 or my_module:MyEnv-v0")
+    parser.add_argument("kwargs", nargs="*", metavar="key=value", help="env kwargs (YAML scalars)")
+    args = parser.parse_args(argv)
+    try:
+        kwargs = parse_kwargs(args.kwargs)
+    except ValueError as exc:
+        parser.error(str(exc))
+    try:
+        for name in iter_checks(args.env_id, **kwargs):
+            print(f"PASS  {name}")
+    except AssertionError as exc:
+        print(f"FAIL  {exc}")
+        return 1
+    print(f"{args.env_id}: all checks passed")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

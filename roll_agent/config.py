@@ -1,0 +1,306 @@
+"""Typed configuration: one dataclass per component, loaded with OmegaConf.
+
+The dataclass defaults *are* the embedded default run (tiny model, CPU, FrozenLake);
+`configs/default.yaml` spells the same values out and a test keeps them equal.
+Each component receives only its own section.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import typing
+from dataclasses import dataclass, field
+from typing import Any
+
+import yaml
+from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+
+class ConfigError(ValueError):
+    """A configuration problem, with a message that names the fix."""
+
+
+def _choice(section: str, name: str, value: str, valid: tuple[str, ...]) -> None:
+    if value not in valid:
+        hint = difflib.get_close_matches(str(value), valid, n=1)
+        extra = f" Did you mean '{hint[0]}'?" if hint else ""
+        raise ConfigError(f"{section}.{name}={value!r} is not one of {list(valid)}.{extra}")
+
+
+def _positive(section: str, **values: float) -> None:
+    for name, value in values.items():
+        if value <= 0:
+            raise ConfigError(f"{section}.{name} must be > 0, got {value}")
+
+
+@dataclass
+class TinyModelConfig:
+    """Architecture of the model built from scratch when `model.path` is empty."""
+
+    architecture: str = "Qwen2ForCausalLM"
+    vocab_size: int = 768
+    hidden_size: int = 96
+    intermediate_size: int = 256
+    num_hidden_layers: int = 2
+    num_attention_heads: int = 4
+    num_key_value_heads: int = 2
+    max_position_embeddings: int = 2048
+
+
+@dataclass
+class ModelConfig:
+    path: str = ""  # local checkpoint dir or hub id; empty: build the tiny model
+    tiny: TinyModelConfig = field(default_factory=TinyModelConfig)
+    dtype: str = "float32"
+    trust_remote_code: bool = False
+
+    def __post_init__(self) -> None:
+        _choice("model", "dtype", self.dtype, ("float32", "bfloat16", "float16"))
+
+
+@dataclass
+class ScriptedEngineConfig:
+    """The deterministic fake engine (tests and benchmarks only)."""
+
+    response_tokens: int = 4  # tokens per response when no script is given
+    latency_s: float = 0.0  # per request
+    token_latency_s: float = 0.0  # per generated token
+
+
+@dataclass
+class EngineConfig:
+    type: str = "hf"  # hf | scripted (vllm and openai: see the open issues)
+    num_engines: int = 1
+    max_batch_size: int = 64
+    device: str = "cpu"
+    scripted: ScriptedEngineConfig = field(default_factory=ScriptedEngineConfig)
+
+    def __post_init__(self) -> None:
+        _choice("engine", "type", self.type, ("hf", "scripted"))
+        _positive("engine", num_engines=self.num_engines, max_batch_size=self.max_batch_size)
+
+
+@dataclass
+class ProxyConfig:
+    suspend_mode: str = "abort"  # abort: in-flight requests re-issued from their prefix; drain: finish them
+    sticky_slack: int = 2  # keep an env on its engine while that engine is within this load of the least loaded
+
+    def __post_init__(self) -> None:
+        _choice("proxy", "suspend_mode", self.suspend_mode, ("abort", "drain"))
+
+
+@dataclass
+class RolloutConfig:
+    async_ratio: int = 2
+    num_env_groups: int = 6  # groups running at once (more than a batch needs: group-level redundancy)
+    groups_per_batch: int = 4
+    group_size: int = 4
+    group_size_redundancy: int = 1  # extra envs per group, cancelled when the group completes
+    max_turns: int = 8
+    max_new_tokens: int = 8
+    max_context_tokens: int = 1024
+    temperature: float = 1.0
+    top_p: float = 1.0
+    step_timeout_s: float = 60.0
+    episode_timeout_s: float = 600.0
+    env_threads: int = 64  # threads for blocking env.step calls
+
+    def __post_init__(self) -> None:
+        if self.async_ratio < 0:
+            raise ConfigError(f"rollout.async_ratio must be an integer >= 0, got {self.async_ratio}")
+        _positive(
+            "rollout",
+            num_env_groups=self.num_env_groups,
+            groups_per_batch=self.groups_per_batch,
+            group_size=self.group_size,
+            max_turns=self.max_turns,
+            max_new_tokens=self.max_new_tokens,
+            temperature=self.temperature,
+        )
+        if self.group_size_redundancy < 0:
+            raise ConfigError("rollout.group_size_redundancy must be >= 0")
+
+    @property
+    def episodes_per_batch(self) -> int:
+        return self.groups_per_batch * self.group_size
+
+
+@dataclass
+class EnvSpec:
+    id: str = "roll_agent/FrozenLake-v0"  # gymnasium id, or module:Name-v0 for a user's module
+    tag: str = ""  # metrics tag; defaults to the id's name
+    num_groups: int = 0  # share of rollout.num_env_groups; 0 = split the rest evenly
+    kwargs: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def name(self) -> str:
+        return self.tag or self.id.split("/")[-1].split(":")[-1]
+
+
+@dataclass
+class AlgorithmConfig:
+    advantage: str = "grpo"
+    std_normalize: bool = True
+    loss: str = "ppo"
+    clip_low: float = 0.2
+    clip_high: float = 0.28
+    is_cap: float = 2.0
+    kl_coef: float = 0.0  # k3 KL to the initial (reference) model
+    entropy_coef: float = 0.0
+    aggregation: str = "token-mean"
+
+    def __post_init__(self) -> None:
+        from roll_agent.train import algorithms as alg
+
+        _choice("algorithm", "advantage", self.advantage, alg.ADVANTAGE_ESTIMATORS)
+        _choice("algorithm", "loss", self.loss, alg.POLICY_LOSSES)
+        _choice("algorithm", "aggregation", self.aggregation, alg.AGGREGATIONS)
+
+
+@dataclass
+class LoraConfig:
+    enabled: bool = False
+    r: int = 8
+    alpha: int = 16
+    dropout: float = 0.0
+    target_modules: list[str] = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])
+
+
+@dataclass
+class TrainerConfig:
+    type: str = "torch"
+    lr: float = 1e-3
+    weight_decay: float = 0.0
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
+    max_grad_norm: float = 1.0
+    micro_batch_size: int = 8
+    updates_per_batch: int = 1  # optimizer steps per batch (mini-batches); >1 makes pi_old differ from pi
+    dtype: str = "float32"
+    device: str = "cpu"
+    lora: LoraConfig = field(default_factory=LoraConfig)
+
+    def __post_init__(self) -> None:
+        _choice("trainer", "type", self.type, ("torch",))
+        _choice("trainer", "dtype", self.dtype, ("float32", "bfloat16"))
+        _positive("trainer", lr=self.lr, micro_batch_size=self.micro_batch_size, updates_per_batch=self.updates_per_batch)
+
+
+@dataclass
+class WarmupConfig:
+    """Supervised warm-start on demonstrations from the env's `expert_action()`."""
+
+    sft_steps: int = 0
+    episodes_per_step: int = 16
+    lr: float = 3e-3
+    expert_epsilon: float = 0.0  # probability that a demo step takes a random admissible action
+
+
+@dataclass
+class WeightSyncConfig:
+    type: str = "inprocess"
+
+    def __post_init__(self) -> None:
+        _choice("weight_sync", "type", self.type, ("inprocess",))
+
+
+@dataclass
+class RuntimeConfig:
+    type: str = "local"
+    torch_threads: int = 0  # intra-op threads shared by engines and trainer; 0 = torch's default
+
+    def __post_init__(self) -> None:
+        _choice("runtime", "type", self.type, ("local",))
+
+
+@dataclass
+class LoggingConfig:
+    tensorboard: bool = True
+    progress: bool = True
+    plot: bool = True
+
+
+@dataclass
+class CheckpointConfig:
+    every: int = 0  # steps; 0 = only at the end
+    keep_last: int = 2
+
+
+@dataclass
+class EvalConfig:
+    every: int = 10  # steps; 0 = only before and after training
+    num_episodes: int = 32
+    seed_offset: int = 1_000_000  # held-out seeds start here; training seeds stay below
+
+
+@dataclass
+class Config:
+    seed: int = 0
+    output_dir: str = "outputs/default"
+    max_steps: int = 40
+    resume: bool = False
+    model: ModelConfig = field(default_factory=ModelConfig)
+    engine: EngineConfig = field(default_factory=EngineConfig)
+    proxy: ProxyConfig = field(default_factory=ProxyConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    envs: list[EnvSpec] = field(default_factory=lambda: [EnvSpec()])
+    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    warmup: WarmupConfig = field(default_factory=WarmupConfig)
+    weight_sync: WeightSyncConfig = field(default_factory=WeightSyncConfig)
+    runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+
+
+def _check_keys(data: Any, cls: type, where: str) -> None:
+    """Reject unknown keys anywhere in `data`, naming the closest valid key."""
+    if not isinstance(data, dict):
+        return
+    hints = typing.get_type_hints(cls)
+    fields = {f.name for f in dataclasses.fields(cls)}
+    for key, value in data.items():
+        path = f"{where}.{key}" if where else str(key)
+        if key not in fields:
+            close = difflib.get_close_matches(str(key), sorted(fields), n=1)
+            hint = f" Did you mean '{(where + '.') if where else ''}{close[0]}'?" if close else ""
+            raise ConfigError(f"Unknown config key '{path}'.{hint} Valid keys here: {sorted(fields)}")
+        sub = hints[key]
+        if dataclasses.is_dataclass(sub):
+            _check_keys(value, sub, path)
+        elif typing.get_origin(sub) is list and dataclasses.is_dataclass(typing.get_args(sub)[0]):
+            for i, item in enumerate(value or []):
+                _check_keys(item, typing.get_args(sub)[0], f"{path}[{i}]")
+
+
+def _to_dict(node: Any) -> Any:
+    return OmegaConf.to_container(node, resolve=True) if OmegaConf.is_config(node) else node
+
+
+def load_config(path: str | None = None, overrides: list[str] | None = None) -> Config:
+    """Defaults <- YAML file <- `section.key=value` overrides; returns a validated Config."""
+    layers = []
+    if path:
+        try:
+            layers.append(OmegaConf.load(path))
+        except (OSError, OmegaConfBaseException, ValueError, yaml.YAMLError) as exc:
+            raise ConfigError(f"Cannot read config file {path}: {exc}") from exc
+    if overrides:
+        for item in overrides:
+            if "=" not in item:
+                raise ConfigError(f"Override '{item}' must look like section.key=value")
+        layers.append(OmegaConf.from_dotlist(list(overrides)))
+    for layer in layers:
+        _check_keys(_to_dict(layer), Config, "")
+    try:
+        merged = OmegaConf.merge(OmegaConf.structured(Config), *layers)
+        return OmegaConf.to_object(merged)
+    except OmegaConfBaseException as exc:
+        key = getattr(exc, "full_key", None)
+        raise ConfigError(f"Invalid value for '{key}': {exc.msg if hasattr(exc, 'msg') else exc}") from exc
+
+
+def to_yaml(cfg: Config) -> str:
+    return OmegaConf.to_yaml(OmegaConf.structured(cfg))

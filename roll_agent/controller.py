@@ -1,0 +1,117 @@
+"""AsyncController: the training loop with suspend-update-resume.
+
+    loop: batch = buffer.get_batch(version)
+          trainer.step(batch) -> version + 1        (off the event loop: rollout goes on)
+          proxy.suspend(); weight_sync.push(); proxy.resume()
+          buffer.set_version(); scheduler.on_version()
+
+Generation never waits for training beyond what the async ratio demands.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+
+from roll_agent.checkpoint import Checkpointer
+from roll_agent.config import CheckpointConfig, EvalConfig
+from roll_agent.metrics import MetricsLogger
+from roll_agent.rollout.evaluate import evaluate, summarize
+from roll_agent.types import Group
+
+
+@dataclass
+class Components:
+    proxy: object
+    scheduler: object
+    buffer: object
+    trainer: object
+    weight_sync: object
+    eval_managers: list
+    tokenizer: object
+
+
+class AsyncController:
+    def __init__(self, parts: Components, logger: MetricsLogger, checkpointer: Checkpointer, max_steps: int,
+                 checkpoint_cfg: CheckpointConfig, eval_cfg: EvalConfig):
+        self.p = parts
+        self.logger = logger
+        self.checkpointer = checkpointer
+        self.max_steps = max_steps
+        self.ckpt_cfg = checkpoint_cfg
+        self.eval_cfg = eval_cfg
+        self.eval_seeds = [eval_cfg.seed_offset + i for i in range(eval_cfg.num_episodes)]
+        self._last_counts: dict[str, int] = {}
+        self._last_tokens = 0
+        self._last_time = time.perf_counter()
+
+    async def sync_weights(self, version: int) -> dict:
+        p = self.p
+        await p.proxy.suspend()
+        try:
+            report = await p.proxy.update_weights(p.weight_sync.push, version)
+        finally:
+            await p.proxy.resume()
+        await p.buffer.set_version(version)
+        await p.scheduler.on_version(version)
+        return report
+
+    async def run(self) -> int:
+        p = self.p
+        step = p.trainer.version
+        if step == 0:
+            await self._evaluate(step)
+        p.scheduler.start()
+        try:
+            while step < self.max_steps:
+                t0 = time.perf_counter()
+                batch = await p.buffer.get_batch(p.trainer.version)
+                t1 = time.perf_counter()
+                metrics = await asyncio.to_thread(p.trainer.step, batch)
+                sync = await self.sync_weights(p.trainer.version)
+                step = p.trainer.version
+                row = {"step": step, "version": step, **self._batch_metrics(batch, step - 1), **metrics,
+                       "time_wait_data_s": t1 - t0, "time_sync_s": sync["seconds"], "sync_bytes": sync["bytes"],
+                       "time_step_s": time.perf_counter() - t0}
+                self.logger.log(row, advance=True)
+                if self.ckpt_cfg.every and step % self.ckpt_cfg.every == 0 and step < self.max_steps:
+                    self.save(step)
+                if self.eval_cfg.every and step % self.eval_cfg.every == 0 and step < self.max_steps:
+                    await self._evaluate(step)
+        finally:
+            await p.scheduler.stop()
+        await self._evaluate(step)
+        self.save(step)
+        return step
+
+    def save(self, step: int) -> None:
+        p = self.p
+        extra = {"buffer": p.buffer.state_dict(), "scheduler": p.scheduler.state_dict()}
+        self.checkpointer.save(step, p.trainer, p.tokenizer, extra)
+
+    async def _evaluate(self, step: int) -> None:
+        if not self.eval_cfg.num_episodes:
+            return
+        t0 = time.perf_counter()
+        metrics = await evaluate(self.p.eval_managers, self.eval_seeds)
+        self.logger.log({"step": step, **metrics, "time_eval_s": time.perf_counter() - t0})
+
+    def _batch_metrics(self, batch: list[Group], train_version: int) -> dict[str, float]:
+        trajs = [t for g in batch for t in g.trajectories]
+        stale = [train_version - t.min_version for t in trajs]
+        out = summarize(trajs, per_tag=len({t.env_tag for t in trajs}) > 1)
+        out.update(staleness_mean=sum(stale) / len(stale), staleness_max=float(max(stale)),
+                   invalid_action_rate=sum(t.metrics.get("invalid_actions", 0) for t in trajs)
+                   / max(sum(t.num_turns for t in trajs), 1))
+        counts = self.p.scheduler.counts
+        for key in ("started", "finished", "truncated", "aborted", "env_error"):
+            out[f"episodes_{key}"] = counts.get(key, 0) - self._last_counts.get(key, 0)
+        out["env_errors"] = out.pop("episodes_env_error")
+        self._last_counts = dict(counts)
+        out["dropped_stale"] = self.p.buffer.stats["episodes_dropped_stale"]
+        now = time.perf_counter()
+        tokens = self.p.proxy.stats["gen_tokens"]
+        out["gen_tokens_per_s"] = (tokens - self._last_tokens) / max(now - self._last_time, 1e-9)
+        self._last_tokens, self._last_time = tokens, now
+        return out

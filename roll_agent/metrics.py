@@ -1,0 +1,98 @@
+"""Metrics: one JSON object per row in `metrics.jsonl`, TensorBoard scalars, a live
+progress bar, and `curves.png` at the end."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+from roll_agent.config import LoggingConfig
+
+BAR_KEYS = {"reward_mean": "R", "success_rate": "succ", "eval_success_rate": "eval", "staleness_mean": "stale",
+            "gen_tokens_per_s": "gen_tok/s"}
+
+
+class MetricsLogger:
+    def __init__(self, output_dir: Path, cfg: LoggingConfig, total_steps: int, first_step: int = 0):
+        self.path = output_dir / "metrics.jsonl"
+        output_dir.mkdir(parents=True, exist_ok=True)
+        self._file = self.path.open("a")
+        self._tb = None
+        if cfg.tensorboard:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self._tb = SummaryWriter(str(output_dir / "tensorboard"))
+        self._bar = None
+        if cfg.progress:
+            from tqdm import tqdm
+
+            self._bar = tqdm(total=total_steps, initial=first_step, desc="train", unit="step", dynamic_ncols=True)
+        self._postfix: dict[str, str] = {}
+
+    def log(self, row: dict, advance: bool = False) -> None:
+        clean = {k: _jsonable(v) for k, v in row.items()}
+        self._file.write(json.dumps(clean) + "\n")
+        self._file.flush()
+        step = int(row.get("step", 0))
+        if self._tb is not None:
+            for key, value in clean.items():
+                if isinstance(value, (int, float)) and key != "step":
+                    self._tb.add_scalar(key, value, step)
+        if self._bar is not None:
+            for key, short in BAR_KEYS.items():
+                if isinstance(clean.get(key), (int, float)):
+                    self._postfix[short] = f"{clean[key]:.3g}"
+            self._bar.set_postfix(self._postfix, refresh=False)
+            self._bar.update(1 if advance else 0)
+
+    def close(self) -> None:
+        self._file.close()
+        if self._tb is not None:
+            self._tb.close()
+        if self._bar is not None:
+            self._bar.close()
+
+
+def _jsonable(value):
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if hasattr(value, "item"):
+        return value.item()
+    return value
+
+
+def read_rows(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def plot_curves(metrics_path: Path, out_png: Path) -> None:
+    """Training reward/success, eval success, staleness and throughput against steps."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = read_rows(metrics_path)
+    train = [r for r in rows if "reward_mean" in r]
+    evals = [r for r in rows if "eval_success_rate" in r]
+    fig, axes = plt.subplots(2, 2, figsize=(10, 7))
+    panels = [
+        (axes[0, 0], "success", [("success_rate", train, "train (sampled)"), ("eval_success_rate", evals, "eval (greedy)")]),
+        (axes[0, 1], "reward", [("reward_mean", train, "train reward")]),
+        (axes[1, 0], "staleness (versions)", [("staleness_mean", train, "mean"), ("staleness_max", train, "max")]),
+        (axes[1, 1], "tokens/s", [("gen_tokens_per_s", train, "generation"), ("train_tokens_per_s", train, "training")]),
+    ]
+    for ax, title, series in panels:
+        for key, data, label in series:
+            xs = [r["step"] for r in data if r.get(key) is not None]
+            ys = [r[key] for r in data if r.get(key) is not None]
+            if xs:
+                ax.plot(xs, ys, marker="o" if data is evals else None, label=label)
+        ax.set_title(title)
+        ax.set_xlabel("step")
+        ax.legend(loc="best", fontsize=8)
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(out_png, dpi=90)
+    plt.close(fig)

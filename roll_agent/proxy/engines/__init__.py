@@ -1,0 +1,18 @@
+"""Inference engines behind the LLMProxy."""
+
+from __future__ import annotations
+
+from roll_agent.config import EngineConfig, ModelConfig
+
+
+def make_engines(cfg: EngineConfig, model_cfg: ModelConfig, model_path: str, seed: int = 0) -> list:
+    """Build `cfg.num_engines` engines of `cfg.type` serving the checkpoint at `model_path`."""
+    if cfg.type == "hf":
+        from roll_agent.proxy.engines.hf import HFEngine
+
+        return [HFEngine(model_path, cfg, model_cfg, seed=seed + i) for i in range(cfg.num_engines)]
+    if cfg.type == "scripted":
+        from roll_agent.proxy.engines.scripted import ScriptedEngine
+
+        return [ScriptedEngine(cfg.scripted, seed=seed + i) for i in range(cfg.num_engines)]
+    raise ValueError(f"engine.type={cfg.type!r}: use hf or scripted")

@@ -1,0 +1,111 @@
+"""A deterministic fake engine, shipped for tests and benchmarks (never a default).
+
+Tokens are a pure function of (prompt, seed); latency per request and per token is
+configurable; abort returns the partial output at once, like a real engine. Its
+log-probs depend on the loaded weights' version, so staleness and importance
+weights are observable in tests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+from typing import Callable, Iterable
+
+from roll_agent.config import ScriptedEngineConfig
+from roll_agent.types import EngineOutput, SamplingParams
+
+Script = Callable[[list[int]], list[int]]
+
+
+class ScriptedEngine:
+    def __init__(self, cfg: ScriptedEngineConfig | None = None, seed: int = 0, script: Script | None = None,
+                 token_range: tuple[int, int] = (10, 200)):
+        self.cfg = cfg or ScriptedEngineConfig()
+        self.seed = seed
+        self.script = script
+        self.token_range = token_range
+        self.version = 0
+        self.weights_loaded = 0
+        self.requests_served = 0
+        self.aborted_ids: list[str] = []
+        self._abort_events: dict[str, asyncio.Event] = {}
+
+    def _tokens(self, prompt_ids: list[int], sampling: SamplingParams) -> tuple[list[int], str]:
+        if self.script is not None:
+            tokens = list(self.script(prompt_ids))
+        else:
+            tokens = self._autoregressive(prompt_ids, sampling)
+        stop = set(sampling.stop_token_ids)
+        for i, t in enumerate(tokens):
+            if t in stop:
+                return tokens[: i + 1], "stop"
+            if i + 1 >= sampling.max_new_tokens:
+                return tokens[: i + 1], "length"
+        return tokens, "stop"
+
+    def _autoregressive(self, prompt_ids: list[int], sampling: SamplingParams) -> list[int]:
+        """Each token is a hash of the context before it, like a real model's greedy decode:
+        re-issuing from a prefix continues exactly where an aborted request stopped.
+        A response stops with probability 1/response_tokens per token (and at
+        4 * response_tokens tokens)."""
+        context = list(prompt_ids)
+        out: list[int] = []
+        lo, hi = self.token_range
+        for _ in range(min(sampling.max_new_tokens, 4 * self.cfg.response_tokens)):
+            digest = hashlib.blake2b(bytes(str((self.seed, context[-64:])), "utf8"), digest_size=8).digest()
+            value = int.from_bytes(digest, "little")
+            if sampling.stop_token_ids and value % self.cfg.response_tokens == 0 and out:
+                out.append(sampling.stop_token_ids[0])
+                break
+            token = lo + value % (hi - lo)
+            out.append(token)
+            context.append(token)
+        return out
+
+    def _logprob(self, token: int) -> float:
+        return -(1.0 + (token % 7) / 10.0) - 0.001 * self.version
+
+    async def _sleep(self, seconds: float, event: asyncio.Event) -> bool:
+        """Sleep unless aborted; True when aborted."""
+        if event.is_set():
+            return True
+        if seconds <= 0:
+            return False
+        try:
+            await asyncio.wait_for(event.wait(), seconds)
+            return True
+        except asyncio.TimeoutError:
+            return False
+
+    async def generate(self, prompt_ids: list[int], sampling: SamplingParams, request_id: str) -> EngineOutput:
+        event = self._abort_events.setdefault(request_id, asyncio.Event())
+        try:
+            tokens, reason = self._tokens(prompt_ids, sampling)
+            out: list[int] = []
+            if await self._sleep(self.cfg.latency_s, event):
+                return EngineOutput([], [], "abort")
+            for t in tokens:
+                if await self._sleep(self.cfg.token_latency_s, event):
+                    return EngineOutput(out, [self._logprob(x) for x in out], "abort")
+                out.append(t)
+            self.requests_served += 1
+            return EngineOutput(out, [self._logprob(x) for x in out], reason)
+        finally:
+            self._abort_events.pop(request_id, None)
+
+    async def abort(self, request_id: str) -> None:
+        self.aborted_ids.append(request_id)
+        event = self._abort_events.get(request_id)
+        if event is not None:
+            event.set()
+
+    async def load_weights(self, named_tensors: Iterable, version: int) -> None:
+        for _ in named_tensors:
+            pass
+        self.weights_loaded += 1
+        self.version = version
+
+    async def close(self) -> None:
+        for event in self._abort_events.values():
+            event.set()

@@ -1,0 +1,71 @@
+"""Token-in/token-out chat framing for multi-turn episodes.
+
+Model tokens are never re-tokenized: after the first prompt, each env observation is
+appended as the token ids of the text the chat template puts between the end of an
+assistant turn and the start of the next one. That text is found once per tokenizer
+by rendering the template around placeholders.
+"""
+
+from __future__ import annotations
+
+_ASSISTANT = "\x00ASSISTANT\x00"
+_OBS = "\x00OBSERVATION\x00"
+
+
+class ChatFormatter:
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+        if not getattr(tokenizer, "chat_template", None):
+            raise ValueError(
+                "The tokenizer has no chat template; give the model a chat template "
+                "(tokenizer.chat_template) or use an instruct checkpoint."
+            )
+        base = [{"role": "system", "content": "S"}, {"role": "user", "content": "U"}]
+        one = self._render(base + [{"role": "assistant", "content": _ASSISTANT}], False)
+        two = self._render(
+            base + [{"role": "assistant", "content": _ASSISTANT}, {"role": "user", "content": _OBS}], True
+        )
+        cut = one.index(_ASSISTANT) + len(_ASSISTANT)
+        if two[:cut] != one[:cut] or _OBS not in two[cut:]:
+            raise ValueError("This chat template re-renders earlier turns; multi-turn token-in/token-out needs a prefix-stable template.")
+        self._between = two[cut:]  # e.g. "<|im_end|>\n<|im_start|>user\n{OBS}<|im_end|>\n<|im_start|>assistant\n"
+        self.stop_token_ids = self._stop_ids()
+        self._stop_texts = {tokenizer.decode([i]): i for i in self.stop_token_ids}
+        # the token the template itself ends an assistant turn with (used to write demonstrations)
+        self.end_of_turn_id = next((i for text, i in self._stop_texts.items() if self._between.startswith(text)),
+                                   self.stop_token_ids[0] if self.stop_token_ids else None)
+
+    def _render(self, messages, add_generation_prompt: bool) -> str:
+        return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt)
+
+    def _stop_ids(self) -> tuple[int, ...]:
+        ids = set()
+        eos = self.tokenizer.eos_token_id
+        if eos is not None:
+            ids.add(eos)
+        for token in ("<|im_end|>", "<|eot_id|>", "<|end|>"):
+            tid = self.tokenizer.convert_tokens_to_ids(token)
+            if isinstance(tid, int) and tid != self.tokenizer.unk_token_id and tid is not None and tid >= 0:
+                ids.add(tid)
+        return tuple(sorted(ids))
+
+    def first_prompt(self, instructions: str, observation: str) -> list[int]:
+        messages = [{"role": "user", "content": observation}]
+        if instructions:
+            messages.insert(0, {"role": "system", "content": instructions})
+        text = self._render(messages, True)
+        return self.tokenizer.encode(text, add_special_tokens=False)
+
+    def next_turn(self, observation: str, response_ended_with_stop: bool) -> list[int]:
+        """Tokens between the model's last response and its next one."""
+        between = self._between
+        if response_ended_with_stop:
+            for stop in self._stop_texts:
+                if between.startswith(stop):
+                    between = between[len(stop):]
+                    break
+        return self.tokenizer.encode(between.replace(_OBS, observation), add_special_tokens=False)
+
+    def response_text(self, token_ids: list[int]) -> str:
+        ids = [t for t in token_ids if t not in self.stop_token_ids]
+        return self.tokenizer.decode(ids, skip_special_tokens=True)

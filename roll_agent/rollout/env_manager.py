@@ -1,0 +1,138 @@
+"""EnvManager: plays multi-turn episodes of one env instance through the LLMProxy.
+
+Prompt through the tokenizer's chat template, ask the proxy, step the env with the
+decoded response, append the observation's tokens, repeat to `max_turns`. Blocking
+`reset`/`step` calls run in a thread pool and async envs (`astep`) are awaited, so a
+slow env never stalls the others (environment-level async). An env that raises or
+times out ends only its episode, with status `env_error`; the env is then rebuilt.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from concurrent.futures import Executor
+
+from roll_agent.config import EnvSpec, RolloutConfig
+from roll_agent.proxy.llm_proxy import GenerationAborted
+from roll_agent.rollout.chat import ChatFormatter
+from roll_agent.rollout.envs import make_env
+from roll_agent.types import GenerateRequest, SamplingParams, Status, Trajectory
+
+
+class EnvStepError(RuntimeError):
+    """The env failed (raised or timed out) during reset/step."""
+
+
+class EnvManager:
+    def __init__(self, env_id: str, spec: EnvSpec, formatter: ChatFormatter, proxy, cfg: RolloutConfig,
+                 executor: Executor | None = None):
+        self.env_id = env_id
+        self.spec = spec
+        self.tag = spec.name
+        self.formatter = formatter
+        self.proxy = proxy
+        self.cfg = cfg
+        self.executor = executor
+        self.env = None
+        self.current: Trajectory | None = None  # the episode in progress (read by the scheduler)
+        self._thread_call: asyncio.Future | None = None  # a blocking env call that may outlive its episode
+
+    async def _call(self, fn, *args, timeout: float, **kwargs):
+        loop = asyncio.get_running_loop()
+        self._thread_call = loop.run_in_executor(self.executor, lambda: fn(*args, **kwargs))
+        try:
+            return await asyncio.wait_for(asyncio.shield(self._thread_call), timeout)
+        except asyncio.TimeoutError as exc:
+            raise EnvStepError(f"{getattr(fn, '__name__', 'env call')} timed out after {timeout:.1f}s") from exc
+        except (asyncio.CancelledError, GenerationAborted):
+            raise
+        except Exception as exc:
+            raise EnvStepError(f"{type(exc).__name__}: {exc}") from exc
+
+    async def _step(self, action: str):
+        astep = getattr(self.env.unwrapped, "astep", None)
+        if astep is None:
+            return await self._call(self.env.step, action, timeout=self.cfg.step_timeout_s)
+        try:
+            return await asyncio.wait_for(astep(action), self.cfg.step_timeout_s)
+        except asyncio.TimeoutError as exc:
+            raise EnvStepError(f"step timed out after {self.cfg.step_timeout_s:.1f}s") from exc
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            raise EnvStepError(f"{type(exc).__name__}: {exc}") from exc
+
+    async def run_episode(self, seed: int, group_id: int = -1, greedy: bool = False) -> Trajectory:
+        traj = Trajectory(group_id=group_id, env_id=self.env_id, env_tag=self.tag, seed=seed,
+                          start_version=self.proxy.version)
+        self.current = traj
+        start = time.perf_counter()
+        try:
+            await asyncio.wait_for(self._play(traj, seed, greedy), self.cfg.episode_timeout_s)
+        except (EnvStepError, asyncio.TimeoutError) as exc:
+            traj.status = Status.ENV_ERROR
+            traj.error = str(exc) or f"episode timed out after {self.cfg.episode_timeout_s:.0f}s"
+            await self._discard_env()
+        except GenerationAborted:
+            traj.status = Status.ABORTED
+            traj.error = "aborted by proxy.abort"
+            self.proxy.clear_abort(self.env_id)
+        except asyncio.CancelledError:
+            traj.status = Status.ABORTED
+            raise
+        finally:
+            traj.timing["episode_s"] = time.perf_counter() - start
+            self.current = None
+        traj.reward = float(sum(traj.step_rewards))
+        return traj
+
+    async def _play(self, traj: Trajectory, seed: int, greedy: bool) -> None:
+        cfg = self.cfg
+        if self._thread_call is not None and not self._thread_call.done():
+            await self._discard_env()  # a cancelled episode left this env mid-call in its thread
+        if self.env is None:
+            self.env = await self._call(make_env, self.spec, timeout=max(cfg.step_timeout_s, 300.0))
+        obs, info = await self._call(self.env.reset, seed=seed, timeout=cfg.step_timeout_s)
+        prompt = self.formatter.first_prompt(str(info.get("instructions", "")), str(obs))
+        traj.append(prompt, generated=False)
+        traj.prompt_len = len(prompt)
+        gen_s = env_s = 0.0
+        traj.status = Status.TRUNCATED  # unless the env terminates first
+        for _ in range(cfg.max_turns):
+            budget = min(cfg.max_new_tokens, cfg.max_context_tokens - len(traj.token_ids))
+            if budget <= 0:
+                break
+            sampling = SamplingParams(max_new_tokens=budget, temperature=cfg.temperature, top_p=cfg.top_p,
+                                      greedy=greedy, stop_token_ids=self.formatter.stop_token_ids)
+            t0 = time.perf_counter()
+            result = await self.proxy.generate(GenerateRequest(list(traj.token_ids), sampling, self.env_id))
+            t1 = time.perf_counter()
+            traj.append(result.token_ids, generated=True, logprobs=result.logprobs, versions=result.versions)
+            traj.num_turns += 1
+            obs, reward, terminated, truncated, info = await self._step(self.formatter.response_text(result.token_ids))
+            gen_s, env_s = gen_s + t1 - t0, env_s + time.perf_counter() - t1
+            traj.step_rewards.append(float(reward))
+            traj.metrics["invalid_actions"] = traj.metrics.get("invalid_actions", 0) + bool(info.get("invalid_action"))
+            if terminated or truncated:
+                traj.status = Status.FINISHED if terminated else Status.TRUNCATED
+                traj.success = bool(info.get("success", reward > 0))
+                break
+            traj.append(self.formatter.next_turn(str(obs), result.finish_reason == "stop"), generated=False)
+        traj.timing.update(gen_s=gen_s, env_s=env_s)
+
+    async def _discard_env(self) -> None:
+        """Close a failed env in the background (it may be hung) and build a fresh one next episode."""
+        env, self.env = self.env, None
+        if env is not None:
+            asyncio.get_running_loop().run_in_executor(self.executor, _close_quietly, env)
+
+    async def close(self) -> None:
+        await self._discard_env()
+
+
+def _close_quietly(env) -> None:
+    try:
+        env.close()
+    except Exception:  # a broken env may fail to close; it is already out of use
+        pass

@@ -1,0 +1,146 @@
+"""Env groups with redundancy.
+
+`num_env_groups` lanes each own `group_size + group_size_redundancy` EnvManagers.
+A lane plays one group at a time: every env of the group plays the same task seed
+(GRPO needs this); the group completes when `group_size` episodes end well, and the
+redundant rest are cancelled for real (their pending engine requests aborted). More
+lanes than a batch needs give group-level redundancy: the first groups to complete
+fill each batch. Groups that can no longer be consumed (too stale) are cancelled
+early so their envs start fresh work.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections import Counter
+from typing import Callable
+
+from roll_agent.config import EnvSpec, RolloutConfig
+from roll_agent.rollout.buffer import SampleBuffer
+from roll_agent.rollout.env_manager import EnvManager
+from roll_agent.types import Group, Status, Trajectory
+
+TRAIN_SEED_SPACE = 1_000_000  # training seeds stay below eval.seed_offset
+
+
+def partition(specs: list[EnvSpec], num_groups: int) -> list[EnvSpec]:
+    """One spec per lane: explicit `num_groups` first, the rest split evenly."""
+    fixed = sum(s.num_groups for s in specs)
+    free = [s for s in specs if s.num_groups == 0]
+    if fixed > num_groups or (fixed < num_groups and not free) or (fixed == num_groups and free and fixed):
+        raise ValueError(
+            f"envs[*].num_groups add up to {fixed} but rollout.num_env_groups={num_groups}; "
+            "make them add up, or leave num_groups at 0 for envs that share the rest"
+        )
+    lanes: list[EnvSpec] = []
+    for spec in specs:
+        lanes += [spec] * spec.num_groups
+    rest = num_groups - fixed
+    for i in range(rest):
+        lanes.append(free[i % len(free)])
+    return lanes
+
+
+class Lane:
+    def __init__(self, index: int, spec: EnvSpec, managers: list[EnvManager]):
+        self.index = index
+        self.spec = spec
+        self.managers = managers
+        self.tasks: list[asyncio.Task] = []
+        self.group_id = -1
+
+    def min_generated_version(self) -> int | None:
+        versions = [v for m in self.managers if m.current for v in m.current.versions if v >= 0]
+        return min(versions) if versions else None
+
+
+class GroupScheduler:
+    def __init__(self, cfg: RolloutConfig, specs: list[EnvSpec], buffer: SampleBuffer,
+                 make_manager: Callable[[str, EnvSpec], EnvManager], seed: int = 0, first_group_id: int = 0):
+        self.cfg = cfg
+        self.buffer = buffer
+        self._rng = random.Random(seed)
+        self._next_group_id = first_group_id
+        self.lanes = []
+        for i, spec in enumerate(partition(specs, cfg.num_env_groups)):
+            size = cfg.group_size + cfg.group_size_redundancy
+            self.lanes.append(Lane(i, spec, [make_manager(f"g{i}-e{j}", spec) for j in range(size)]))
+        self.counts: Counter = Counter()  # episode accounting: started and each end status
+        self._drivers: list[asyncio.Task] = []
+
+    def start(self) -> None:
+        self._drivers = [asyncio.create_task(self._drive(lane), name=f"lane-{lane.index}") for lane in self.lanes]
+
+    def _new_group(self) -> tuple[int, int]:
+        gid = self._next_group_id
+        self._next_group_id += 1
+        return gid, self._rng.randrange(TRAIN_SEED_SPACE)
+
+    async def _drive(self, lane: Lane) -> None:
+        while True:
+            await self.buffer.admit()
+            gid, seed = self._new_group()
+            lane.group_id = gid
+            lane.tasks = [asyncio.create_task(m.run_episode(seed, gid)) for m in lane.managers]
+            self.counts["started"] += len(lane.tasks)
+            kept = await self._collect(lane)
+            if kept:
+                await self.buffer.put(Group(gid, seed, lane.spec.name, kept))
+            else:
+                await self.buffer.release()
+
+    async def _collect(self, lane: Lane) -> list[Trajectory]:
+        """Wait for `group_size` good episodes, then cancel the rest."""
+        kept: list[Trajectory] = []
+        pending = set(lane.tasks)
+        try:
+            while pending and len(kept) < self.cfg.group_size:
+                done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                for task in done:
+                    if task.cancelled():
+                        continue  # a stale group cancelled by on_version
+                    traj = task.result()
+                    self._record(traj)
+                    if traj.status in (Status.FINISHED, Status.TRUNCATED):
+                        kept.append(traj)
+        finally:
+            await self._cancel(pending)
+        if any(t.cancelled() for t in lane.tasks):
+            return []  # the group went stale: it can never be trained on
+        return kept[: self.cfg.group_size]
+
+    async def _cancel(self, tasks) -> None:
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.gather(*tasks, return_exceptions=True)
+        self.counts[Status.ABORTED.value] += len(tasks)
+
+    def _record(self, traj: Trajectory) -> None:
+        self.counts[traj.status.value] += 1
+
+    async def on_version(self, version: int) -> None:
+        """Cancel running groups whose tokens are already too old to be trained on."""
+        for lane in self.lanes:
+            oldest = lane.min_generated_version()
+            if oldest is not None and not self.buffer.is_fresh(oldest, version):
+                self.counts["cancelled_stale_groups"] += 1
+                await self._cancel([t for t in lane.tasks if not t.done()])
+
+    def state_dict(self) -> dict:
+        return {"next_group_id": self._next_group_id, "rng": self._rng.getstate(), "counts": dict(self.counts)}
+
+    def load_state_dict(self, state: dict) -> None:
+        self._next_group_id = state["next_group_id"]
+        self._rng.setstate(state["rng"])
+        self.counts.update(state["counts"])
+
+    async def stop(self) -> None:
+        for task in self._drivers:
+            task.cancel()
+        await asyncio.gather(*self._drivers, return_exceptions=True)
+        for lane in self.lanes:
+            await self._cancel([t for t in lane.tasks if not t.done()])
+            for manager in lane.managers:
+                await manager.close()

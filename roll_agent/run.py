@@ -1,0 +1,106 @@
+"""`python -m roll_agent.run [--config FILE] [section.key=value ...]`
+
+Reads top to bottom as the composition of the system (DESIGN.md section 1).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import torch
+from transformers import AutoTokenizer
+
+from roll_agent.checkpoint import Checkpointer
+from roll_agent.config import Config, ConfigError, load_config, to_yaml
+from roll_agent.controller import AsyncController, Components
+from roll_agent.metrics import MetricsLogger, plot_curves
+from roll_agent.proxy.engines import make_engines
+from roll_agent.proxy.llm_proxy import LLMProxy
+from roll_agent.rollout.buffer import SampleBuffer
+from roll_agent.rollout.chat import ChatFormatter
+from roll_agent.rollout.env_manager import EnvManager
+from roll_agent.rollout.groups import GroupScheduler
+from roll_agent.tiny_model import build_tiny_model, env_corpus
+from roll_agent.train.trainer import TorchTrainer
+from roll_agent.train.warmup import run_warmup
+from roll_agent.train.weight_sync import InProcessSync
+
+
+def prepare_model(cfg: Config, out: Path) -> str:
+    """A user's checkpoint, or the tiny model built from the envs' own text."""
+    if cfg.model.path:
+        return cfg.model.path
+    corpus = env_corpus(cfg.envs, seed=cfg.seed)
+    return str(build_tiny_model(out / "base_model", cfg.model.tiny, corpus, seed=cfg.seed))
+
+
+async def train(cfg: Config) -> int:
+    out = Path(cfg.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "config.yaml").write_text(to_yaml(cfg))
+    torch.manual_seed(cfg.seed)
+    if cfg.runtime.torch_threads:
+        torch.set_num_threads(cfg.runtime.torch_threads)
+    model_path = prepare_model(cfg, out)
+    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    formatter = ChatFormatter(tokenizer)
+
+    trainer = TorchTrainer(model_path, cfg.trainer, cfg.algorithm, cfg.rollout.temperature, seed=cfg.seed)
+    checkpointer = Checkpointer(out, cfg.checkpoint.keep_last)
+    resume_from = checkpointer.latest() if cfg.resume else None
+    extra = trainer.load(resume_from) if resume_from else None
+    first_step = trainer.version
+    logger = MetricsLogger(out, cfg.logging, cfg.max_steps, first_step)
+    if extra is None and cfg.warmup.sft_steps:
+        run_warmup(trainer, cfg.envs, formatter, cfg.warmup, cfg.rollout, cfg.seed, log=logger.log)
+
+    engines = make_engines(cfg.engine, cfg.model, model_path, seed=cfg.seed)
+    proxy = LLMProxy(engines, cfg.proxy, version=trainer.version)
+    weight_sync = InProcessSync(trainer.named_weights)
+    buffer = SampleBuffer(cfg.rollout, version=trainer.version)
+    executor = ThreadPoolExecutor(cfg.rollout.env_threads, thread_name_prefix="env")
+
+    def manager(env_id, spec):
+        return EnvManager(env_id, spec, formatter, proxy, cfg.rollout, executor)
+
+    scheduler = GroupScheduler(cfg.rollout, cfg.envs, buffer, manager, seed=cfg.seed)
+    if extra is not None:
+        buffer.load_state_dict(extra["buffer"])
+        scheduler.load_state_dict(extra["scheduler"])
+    eval_managers = [manager(f"eval-{s.name}-{i}", s) for s in cfg.envs for i in range(min(cfg.eval.num_episodes, 16))]
+    parts = Components(proxy, scheduler, buffer, trainer, weight_sync, eval_managers, tokenizer)
+    controller = AsyncController(parts, logger, checkpointer, cfg.max_steps, cfg.checkpoint, cfg.eval)
+    try:
+        await controller.sync_weights(trainer.version)  # engines serve the (warm-started / resumed) weights
+        return await controller.run()
+    finally:
+        for m in eval_managers:
+            await m.close()
+        await proxy.close()
+        executor.shutdown(wait=False, cancel_futures=True)
+        logger.close()
+        if cfg.logging.plot and (out / "metrics.jsonl").exists():
+            plot_curves(out / "metrics.jsonl", out / "curves.png")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m roll_agent.run", description=__doc__.splitlines()[0])
+    parser.add_argument("--config", help="YAML file under configs/ (default: the embedded tiny CPU run)")
+    parser.add_argument("overrides", nargs="*", help="section.key=value")
+    args = parser.parse_args(argv)
+    try:
+        cfg = load_config(args.config, args.overrides)
+    except ConfigError as exc:
+        print(f"config error: {exc}", file=sys.stderr)
+        return 2
+    final = asyncio.run(train(cfg))
+    print(f"done: version {final}, outputs in {cfg.output_dir}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

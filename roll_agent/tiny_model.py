@@ -1,0 +1,118 @@
+"""Build the embedded default model from scratch: no download, no hub.
+
+A byte-level BPE tokenizer is trained on text the envs themselves produce, given a
+ChatML chat template, and saved beside a randomly initialised model built from an
+architecture config. The result is an ordinary transformers checkpoint directory, so
+the rest of the system loads it exactly like a user's `model.path`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+from pathlib import Path
+
+import torch
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedTokenizerFast
+
+from roll_agent.config import EnvSpec, TinyModelConfig
+
+SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+CHATML_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+MARKER = "tiny_model.json"
+
+
+def env_corpus(env_specs: list[EnvSpec], episodes_per_env: int = 24, seed: int = 0) -> list[str]:
+    """Instructions, observations and actions of short random and expert episodes."""
+    from roll_agent.rollout.envs import make_env
+
+    rng = random.Random(seed)
+    texts: list[str] = []
+    for spec in env_specs:
+        env = make_env(spec)
+        try:
+            for ep in range(episodes_per_env):
+                obs, info = env.reset(seed=rng.randrange(10**6))
+                texts += [info.get("instructions", ""), obs]
+                for _ in range(12):
+                    action = _corpus_action(env, info, rng)
+                    texts.append(action)
+                    obs, _, term, trunc, info = env.step(action)
+                    texts.append(obs)
+                    if term or trunc:
+                        break
+        finally:
+            env.close()
+    return texts
+
+
+def _corpus_action(env, info: dict, rng: random.Random) -> str:
+    admissible = info.get("admissible_actions")
+    if admissible and rng.random() < 0.5:
+        return rng.choice(admissible)
+    expert = getattr(env.unwrapped, "expert_action", None)
+    return expert() if expert else "noop"
+
+
+def build_tokenizer(corpus: list[str], vocab_size: int) -> PreTrainedTokenizerFast:
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(corpus, trainer=trainer)
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        bos_token=None,
+    )
+    fast.chat_template = CHATML_TEMPLATE
+    return fast
+
+
+def build_tiny_model(out_dir: str | os.PathLike, cfg: TinyModelConfig, corpus: list[str], seed: int = 0) -> Path:
+    """Write tokenizer + randomly initialised model to `out_dir` (reused if already built with `cfg`)."""
+    out = Path(out_dir)
+    fingerprint = {"cfg": vars(cfg), "seed": seed, "corpus_size": len(corpus)}
+    marker = out / MARKER
+    if marker.exists() and json.loads(marker.read_text()) == fingerprint:
+        return out
+    out.mkdir(parents=True, exist_ok=True)
+    tokenizer = build_tokenizer(corpus, cfg.vocab_size)
+    model_type = {"Qwen2ForCausalLM": "qwen2", "LlamaForCausalLM": "llama"}.get(cfg.architecture)
+    if model_type is None:
+        raise ValueError(f"model.tiny.architecture={cfg.architecture!r}: use Qwen2ForCausalLM or LlamaForCausalLM")
+    config = AutoConfig.for_model(
+        model_type,
+        vocab_size=len(tokenizer),
+        hidden_size=cfg.hidden_size,
+        intermediate_size=cfg.intermediate_size,
+        num_hidden_layers=cfg.num_hidden_layers,
+        num_attention_heads=cfg.num_attention_heads,
+        num_key_value_heads=cfg.num_key_value_heads,
+        max_position_embeddings=cfg.max_position_embeddings,
+        tie_word_embeddings=True,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=None,
+    )
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    marker.write_text(json.dumps(fingerprint))
+    return out

@@ -1,0 +1,201 @@
+"""RL objective math for agent training: advantages, policy losses, KL, entropy, aggregation.
+
+Pure functions on torch tensors; no model or config code lives here.
+"""
+
+from __future__ import annotations
+
+import torch
+
+ADVANTAGE_ESTIMATORS = ("grpo", "rloo", "reinforce")
+POLICY_LOSSES = ("ppo", "tis", "cispo", "topr")
+AGGREGATIONS = ("token-mean", "seq-mean")
+
+# exp() of a log-ratio above this overflows float32/bf16 on the way to the
+# clip; an inf there turns the (zero) gradient of the clipped branch into NaN.
+_MAX_LOG_RATIO = 20.0
+
+
+def _check_choice(kind: str, value: str, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        raise ValueError(f"unknown {kind} {value!r}; valid choices: {', '.join(choices)}")
+
+
+# --------------------------------------------------------------------------- advantages
+
+
+def compute_advantages(
+    rewards: torch.Tensor,
+    group_ids: torch.Tensor,
+    estimator: str,
+    *,
+    std_normalize: bool = True,
+    eps: float = 1e-6,
+) -> torch.Tensor:
+    """Per-episode advantages [N] from scalar rewards [N] and task group ids [N].
+
+    grpo: (r - group mean) / (group std + eps), std unbiased; singleton groups -> 0.
+    rloo: r - mean of the other episodes in the group; singleton groups -> 0.
+    reinforce: r - batch mean, optionally / (batch std + eps).
+    """
+    _check_choice("advantage estimator", estimator, ADVANTAGE_ESTIMATORS)
+    if rewards.dim() != 1 or group_ids.shape != rewards.shape:
+        raise ValueError(
+            f"rewards and group_ids must both be 1-D of equal length, got "
+            f"{tuple(rewards.shape)} and {tuple(group_ids.shape)}"
+        )
+    r = rewards.detach()
+    if not r.is_floating_point():
+        r = r.to(torch.get_default_dtype())
+    if r.numel() == 0:
+        return r.clone()
+
+    if estimator == "reinforce":
+        dev = r - r.mean()
+        if not std_normalize:
+            return dev
+        # A batch of one has no spread; treat its std as 0 rather than NaN.
+        std = r.std() if r.numel() > 1 else r.new_zeros(())
+        return dev / (std + eps)
+
+    # Map arbitrary (sparse, unsorted) ids to 0..G-1 so scatter-adds stay small.
+    _, inv = torch.unique(group_ids, return_inverse=True)
+    n_groups = int(inv.max()) + 1
+    count = torch.zeros(n_groups, dtype=r.dtype, device=r.device).index_add_(0, inv, torch.ones_like(r))
+    total = torch.zeros_like(count).index_add_(0, inv, r)
+    n = count[inv]
+    dev = r - (total / count)[inv]  # exactly 0 for singleton groups
+
+    if estimator == "rloo":
+        # r_i - (S - r_i)/(n-1) == n/(n-1) * (r_i - mean); guard n=1 (dev is 0 there).
+        return dev * n / (n - 1).clamp_min(1)
+
+    # grpo. Two-pass variance (deviations first) avoids cancellation when
+    # rewards are large and nearly equal.
+    if not std_normalize:
+        return dev
+    sq = torch.zeros_like(count).index_add_(0, inv, dev * dev)
+    std = (sq / (count - 1).clamp_min(1)).sqrt()[inv]
+    return dev / (std + eps)
+
+
+# --------------------------------------------------------------------------- policy losses
+
+
+def policy_loss(
+    logp: torch.Tensor,
+    logp_old: torch.Tensor,
+    logp_behav: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    variant: str,
+    *,
+    clip_low: float = 0.2,
+    clip_high: float = 0.28,
+    is_cap: float = 2.0,
+    positive: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Per-token policy-gradient loss [B, T] (0 where mask is 0) and detached diagnostics.
+
+    logp: current policy (with grad); logp_old: proximal policy; logp_behav: the
+    policy that sampled the tokens. Variants:
+      ppo:   -sg(min(pi_old/mu, is_cap)) * min(r*A, clip(r, 1-lo, 1+hi)*A), r = pi/pi_old
+      tis:   -sg(min(pi/mu, is_cap)) * A * logp
+      cispo: -sg(clip(pi/mu, 1-lo, 1+hi)) * A * logp
+      topr:  -A * logp on positive episodes, -sg(clamp(pi/mu, 0, 1)) * A * logp otherwise
+    Diagnostics: "is_weight" (weight applied; for ppo the behaviour weight, with
+    the ppo ratio under "ratio") and "clipped" (1.0 where clip/truncation was active).
+    """
+    _check_choice("policy loss", variant, POLICY_LOSSES)
+    if not (logp.shape == logp_old.shape == logp_behav.shape == mask.shape):
+        raise ValueError(
+            "logp, logp_old, logp_behav and mask must share a shape, got "
+            f"{tuple(logp.shape)}, {tuple(logp_old.shape)}, {tuple(logp_behav.shape)}, {tuple(mask.shape)}"
+        )
+    keep = mask > 0
+    zero = logp.new_zeros(())
+    # Padding positions may hold -inf log-probs or NaN advantages. Replacing them
+    # *before* any arithmetic keeps both the loss and its gradient exactly 0 there;
+    # masking only the output would still leak NaN through backward (0 * inf).
+    logp = torch.where(keep, logp, zero)
+    logp_old = torch.where(keep, logp_old.detach(), zero)
+    logp_behav = torch.where(keep, logp_behav.detach(), zero)
+    adv = torch.where(keep, torch.broadcast_to(advantages.detach(), logp.shape), zero)
+
+    diag: dict[str, torch.Tensor] = {}
+    if variant == "ppo":
+        ratio = torch.exp((logp - logp_old).clamp(-_MAX_LOG_RATIO, _MAX_LOG_RATIO))
+        # Decoupled PPO: off-policyness vs. the sampler is corrected by a fixed
+        # weight; the trust region is measured against the proximal policy only.
+        w = torch.exp(logp_old - logp_behav).clamp(max=is_cap)
+        surr = ratio * adv
+        surr_clip = ratio.clamp(1.0 - clip_low, 1.0 + clip_high) * adv
+        loss = -w * torch.minimum(surr, surr_clip)
+        clipped = surr_clip < surr  # the clipped branch won -> zero gradient
+        diag["ratio"] = ratio.detach()
+    else:
+        raw = torch.exp((logp - logp_behav).detach())
+        if variant == "tis":
+            w = raw.clamp(max=is_cap)
+            clipped = raw > is_cap
+        elif variant == "cispo":
+            # Unlike ppo, clipping only bounds the weight; the token keeps its gradient.
+            w = raw.clamp(1.0 - clip_low, 1.0 + clip_high)
+            clipped = (raw < 1.0 - clip_low) | (raw > 1.0 + clip_high)
+        else:  # topr
+            if positive is None:
+                raise ValueError("policy loss 'topr' needs `positive` (bool per episode)")
+            pos = positive.to(device=logp.device, dtype=torch.bool)
+            if pos.dim() == logp.dim() - 1:
+                pos = pos.unsqueeze(-1)
+            pos = torch.broadcast_to(pos, logp.shape)
+            w = torch.where(pos, torch.ones_like(raw), raw.clamp(0.0, 1.0))
+            clipped = ~pos & (raw > 1.0)
+        loss = -w * adv * logp
+
+    loss = torch.where(keep, loss, zero)
+    fmask = keep.to(logp.dtype)
+    diag["is_weight"] = w.detach() * fmask
+    diag["clipped"] = clipped.to(logp.dtype) * fmask
+    return loss, diag
+
+
+# --------------------------------------------------------------------------- KL / entropy
+
+
+def kl_k3(logp: torch.Tensor, logp_ref: torch.Tensor) -> torch.Tensor:
+    """Per-token k3 estimate of KL(pi || ref): exp(d) - d - 1 with d = logp_ref - logp."""
+    d = logp_ref - logp
+    # expm1(d) - d is accurate for small d where exp(d) - 1 cancels; the clamp
+    # absorbs any remaining rounding so the estimate is never negative.
+    return (torch.expm1(d) - d).clamp_min(0.0)
+
+
+def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
+    """Per-position entropy [...] of softmax(logits [..., V]) over the last dim."""
+    logp = torch.log_softmax(logits, dim=-1)
+    # -inf logits (masked vocab) give p=0, logp=-inf; 0 * -inf would be NaN, so
+    # floor logp at the dtype's min: p * logp is then exactly 0 with finite grads.
+    logp = logp.clamp_min(torch.finfo(logp.dtype).min)
+    return -(logp.exp() * logp).sum(dim=-1)
+
+
+# --------------------------------------------------------------------------- aggregation
+
+
+def aggregate(values: torch.Tensor, mask: torch.Tensor, mode: str) -> torch.Tensor:
+    """Reduce per-token values [B, T] to a scalar under mask [B, T].
+
+    token-mean: sum(values*mask) / max(sum(mask), 1).
+    seq-mean: mean over sequences with any masked token of their per-sequence token mean.
+    """
+    _check_choice("aggregation", mode, AGGREGATIONS)
+    m = mask.to(values.dtype)
+    # where() rather than values * mask so NaN/inf at padded positions cannot leak.
+    masked = torch.where(mask > 0, values * m, values.new_zeros(()))
+    if mode == "token-mean":
+        return masked.sum() / m.sum().clamp_min(1.0)
+    per_tok = m.sum(dim=-1)
+    has_tok = (per_tok > 0).to(values.dtype)
+    per_seq = masked.sum(dim=-1) / torch.where(per_tok > 0, per_tok, torch.ones_like(per_tok))
+    return (per_seq * has_tok).sum() / has_tok.sum().clamp_min(1.0)

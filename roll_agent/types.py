@@ -1,0 +1,115 @@
+"""The records passed between stages (DESIGN.md section 2)."""
+
+from __future__ import annotations
+
+import enum
+import itertools
+from dataclasses import dataclass, field
+
+
+class Status(str, enum.Enum):
+    """How an episode ended. Every started episode ends as exactly one of these."""
+
+    FINISHED = "finished"  # the env said terminated
+    TRUNCATED = "truncated"  # turn / token limit reached, or env truncated
+    ABORTED = "aborted"  # cancelled: redundant episode of a completed group, or stale
+    ENV_ERROR = "env_error"  # env raised or timed out
+
+
+_request_ids = itertools.count()
+
+
+def next_request_id(prefix: str = "req") -> str:
+    return f"{prefix}-{next(_request_ids)}"
+
+
+@dataclass
+class SamplingParams:
+    max_new_tokens: int = 32
+    temperature: float = 1.0
+    top_p: float = 1.0
+    greedy: bool = False
+    stop_token_ids: tuple[int, ...] = ()
+
+
+@dataclass
+class GenerateRequest:
+    prompt_ids: list[int]
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    env_id: str = ""
+    request_id: str = field(default_factory=next_request_id)
+
+
+@dataclass
+class EngineOutput:
+    """What one engine call produced; `finish_reason == "abort"` means partial output."""
+
+    token_ids: list[int]
+    logprobs: list[float]
+    finish_reason: str  # "stop" | "length" | "abort"
+
+
+@dataclass
+class GenerateResult:
+    """What the proxy returns to a caller: never an abort caused by a weight update."""
+
+    token_ids: list[int]
+    logprobs: list[float]
+    versions: list[int]  # policy version that generated each token
+    finish_reason: str  # "stop" | "length"
+    request_id: str = ""
+    num_reissues: int = 0
+
+
+@dataclass
+class Trajectory:
+    """One whole episode, token-in/token-out."""
+
+    token_ids: list[int] = field(default_factory=list)
+    loss_mask: list[int] = field(default_factory=list)  # 1 only on model-generated tokens
+    logprobs: list[float] = field(default_factory=list)  # behaviour log-probs (0 where mask 0)
+    versions: list[int] = field(default_factory=list)  # policy version per token (-1 where mask 0)
+    prompt_len: int = 0  # tokens of the first prompt
+    reward: float = 0.0
+    step_rewards: list[float] = field(default_factory=list)
+    group_id: int = -1
+    env_id: str = ""
+    env_tag: str = ""
+    seed: int = 0
+    num_turns: int = 0
+    status: Status = Status.FINISHED
+    success: bool = False
+    error: str = ""
+    start_version: int = 0
+    timing: dict[str, float] = field(default_factory=dict)
+    metrics: dict[str, float] = field(default_factory=dict)
+
+    def append(self, ids: list[int], *, generated: bool, logprobs=None, versions=None) -> None:
+        self.token_ids.extend(ids)
+        self.loss_mask.extend([1 if generated else 0] * len(ids))
+        self.logprobs.extend(logprobs if generated else [0.0] * len(ids))
+        self.versions.extend(versions if generated else [-1] * len(ids))
+
+    @property
+    def min_version(self) -> int:
+        """Oldest policy version among the generated tokens (start version if none yet)."""
+        gen = [v for v in self.versions if v >= 0]
+        return min(gen) if gen else self.start_version
+
+    @property
+    def num_generated_tokens(self) -> int:
+        return sum(self.loss_mask)
+
+
+@dataclass
+class Group:
+    """Episodes of one task/seed, the unit GRPO-style advantages are computed over."""
+
+    group_id: int
+    seed: int
+    env_tag: str
+    trajectories: list[Trajectory]
+
+    @property
+    def min_version(self) -> int:
+        return min(t.min_version for t in self.trajectories)

@@ -1,0 +1,37 @@
+import asyncio
+import os
+
+import pytest
+
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+@pytest.fixture(scope="session")
+def tokenizer():
+    from roll_agent.tiny_model import build_tokenizer
+
+    corpus = ["left right up down", "You are on frozen ice. Goal: 2 down.", "task 3 step 1", "Answer with any text."] * 20
+    return build_tokenizer(corpus, vocab_size=300)
+
+
+@pytest.fixture(scope="session")
+def formatter(tokenizer):
+    from roll_agent.rollout.chat import ChatFormatter
+
+    return ChatFormatter(tokenizer)
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory):
+    """A real (random-weight) transformers checkpoint with the project's tokenizer."""
+    from roll_agent.config import EnvSpec, TinyModelConfig
+    from roll_agent.tiny_model import build_tiny_model, env_corpus
+
+    out = tmp_path_factory.mktemp("tiny_model")
+    corpus = env_corpus([EnvSpec()], episodes_per_env=8)
+    return str(build_tiny_model(out, TinyModelConfig(vocab_size=400, hidden_size=64, intermediate_size=128), corpus))
+
+
+def run(coro, timeout: float = 60.0):
+    """Run a coroutine with a hard timeout so a deadlock fails the test instead of hanging it."""
+    return asyncio.run(asyncio.wait_for(coro, timeout))

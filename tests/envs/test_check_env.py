@@ -1,0 +1,99 @@
+"""The conformance checker: every registered env passes it, broken envs fail it clearly."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import gymnasium
+import pytest
+
+from envs import BUILTIN_ENVS, registered_ids
+from envs.frozen_lake import FrozenLakeEnv
+from roll_agent.check_env import check_text_env, main, parse_kwargs
+
+ALL_CHECKS = [
+    "make",
+    "spaces",
+    "gymnasium env_checker",
+    "reset and instructions",
+    "string actions",
+    "expert action",
+    "garbage actions are invalid",
+    "invalid action keeps state",
+    "seeded determinism",
+    "close twice",
+]
+
+
+class RaisesOnEmpty(FrozenLakeEnv):
+    def step(self, action):
+        if action == "":
+            raise ValueError("empty action")
+        return super().step(action)
+
+
+class NoInstructions(FrozenLakeEnv):
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.instructions = ""
+
+
+# Registered without a namespace so they stay out of registered_ids(); made through the
+# `module:Name-v0` form the checker accepts for a user's env.
+gymnasium.register(id="RaisesOnEmpty-v0", entry_point=f"{__name__}:RaisesOnEmpty")
+gymnasium.register(id="NoInstructions-v0", entry_point=f"{__name__}:NoInstructions")
+
+
+@pytest.mark.parametrize("env_id", registered_ids())
+def test_every_registered_env_passes(env_id):
+    if env_id == "roll_agent/Simulated-v0" and importlib.util.find_spec("envs.simulated") is None:
+        pytest.skip("envs/simulated.py is not written yet")
+    assert check_text_env(env_id) == ALL_CHECKS
+
+
+def test_every_builtin_is_registered():
+    assert set(BUILTIN_ENVS) <= set(registered_ids())
+    assert all(env_id.startswith("roll_agent/") for env_id in registered_ids())
+
+
+def test_kwargs_reach_the_env():
+    assert check_text_env("roll_agent/FrozenLake-v0", size=8, is_slippery=True, max_steps=20) == ALL_CHECKS
+    assert check_text_env("roll_agent/Sokoban-v0", dim=7, num_boxes=2) == ALL_CHECKS
+
+
+@pytest.mark.parametrize(
+    ("env_name", "message"),
+    [
+        ("RaisesOnEmpty-v0", r"garbage actions are invalid: raised ValueError: empty action"),
+        ("NoInstructions-v0", r'reset and instructions: reset info\["instructions"\] must be a non-empty str'),
+    ],
+)
+def test_broken_env_fails_with_a_clear_message(env_name, message):
+    with pytest.raises(AssertionError, match=message):
+        check_text_env(f"{__name__}:{env_name}")
+
+
+def test_unknown_id_fails_at_make():
+    with pytest.raises(AssertionError, match="make: raised"):
+        check_text_env("roll_agent/NoSuchEnv-v0")
+
+
+def test_parse_kwargs_reads_yaml_scalars():
+    assert parse_kwargs(["size=8", "p_frozen=0.5", "is_slippery=true", "max_steps=null", "game=Taxi"]) == {
+        "size": 8,
+        "p_frozen": 0.5,
+        "is_slippery": True,
+        "max_steps": None,
+        "game": "Taxi",
+    }
+    with pytest.raises(ValueError, match="expected key=value"):
+        parse_kwargs(["size"])
+
+
+def test_cli_prints_each_check_and_exit_status(capsys):
+    assert main(["roll_agent/FrozenLake-v0", "size=5"]) == 0
+    out = capsys.readouterr().out
+    assert [line.split(maxsplit=1)[1] for line in out.splitlines()[:-1]] == ALL_CHECKS
+    assert out.splitlines()[-1] == "roll_agent/FrozenLake-v0: all checks passed"
+    assert main([f"{__name__}:RaisesOnEmpty-v0"]) == 1
+    assert "FAIL  garbage actions are invalid" in capsys.readouterr().out

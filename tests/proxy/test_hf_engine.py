@@ -1,0 +1,88 @@
+"""The transformers engine: log-probs match a plain forward pass; abort; weight updates."""
+
+import asyncio
+
+import torch
+from transformers import AutoModelForCausalLM
+
+from roll_agent.config import EngineConfig, ModelConfig
+from roll_agent.proxy.engines.hf import HFEngine
+from roll_agent.types import SamplingParams
+from tests.conftest import run
+
+
+def _forward_logprobs(model, prompt, generated, temperature):
+    ids = torch.tensor([prompt + generated])
+    with torch.no_grad():
+        logits = model(ids).logits[0, len(prompt) - 1:-1] / temperature
+    return torch.log_softmax(logits.float(), -1).gather(-1, torch.tensor(generated)[:, None]).squeeze(-1)
+
+
+def test_engine_logprobs_match_transformers_forward(tiny_model_dir):
+    engine = HFEngine(tiny_model_dir, EngineConfig(), ModelConfig(), seed=0)
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
+    prompts = [[5, 9, 11, 20, 33], [7, 8], [40, 41, 42, 43, 44, 45, 46, 47]]  # ragged: left padding in one batch
+
+    async def go():
+        sampling = SamplingParams(max_new_tokens=12, temperature=0.8)
+        return await asyncio.gather(*(engine.generate(p, sampling, f"r{i}") for i, p in enumerate(prompts)))
+
+    outs = run(go())
+    for prompt, out in zip(prompts, outs):
+        assert len(out.token_ids) == 12 and out.finish_reason == "length"
+        ref = _forward_logprobs(model, prompt, out.token_ids, 0.8)
+        diff = (ref - torch.tensor(out.logprobs)).abs().mean().item()
+        assert diff <= 1e-3, diff
+
+
+def test_greedy_matches_argmax_and_stop_tokens_end_requests(tiny_model_dir):
+    engine = HFEngine(tiny_model_dir, EngineConfig(), ModelConfig(), seed=0)
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
+    prompt = [3, 4, 5, 6]
+
+    out = run(engine.generate(prompt, SamplingParams(max_new_tokens=6, greedy=True), "g"))
+    ids = list(prompt)
+    for _ in range(6):
+        with torch.no_grad():
+            ids.append(int(model(torch.tensor([ids])).logits[0, -1].argmax()))
+    assert out.token_ids == ids[len(prompt):]
+    stop = out.token_ids[2]
+    out2 = run(engine.generate(prompt, SamplingParams(max_new_tokens=6, greedy=True, stop_token_ids=(stop,)), "s"))
+    assert out2.finish_reason == "stop" and out2.token_ids[-1] == stop
+    assert len(out2.token_ids) == out.token_ids.index(stop) + 1
+
+
+def test_load_weights_changes_outputs_and_version(tiny_model_dir):
+    engine = HFEngine(tiny_model_dir, EngineConfig(), ModelConfig(), seed=0)
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.5)
+
+    async def go():
+        sampling = SamplingParams(max_new_tokens=5, greedy=True)
+        before = await engine.generate([1, 2, 3], sampling, "a")
+        await engine.load_weights(model.named_parameters(), version=3)
+        after = await engine.generate([1, 2, 3], sampling, "b")
+        return before, after
+
+    before, after = run(go())
+    assert engine.version == 3
+    assert before.logprobs != after.logprobs
+    for (name, p), q in zip(model.named_parameters(), engine.model.parameters()):
+        assert torch.equal(p, q), name
+
+
+def test_abort_returns_partial_output(tiny_model_dir):
+    engine = HFEngine(tiny_model_dir, EngineConfig(), ModelConfig(), seed=0)
+
+    async def go():
+        task = asyncio.create_task(engine.generate([1, 2, 3], SamplingParams(max_new_tokens=2000), "long"))
+        await asyncio.sleep(0.2)
+        await engine.abort("long")
+        return await task
+
+    out = run(go())
+    assert out.finish_reason == "abort"
+    assert 0 < len(out.token_ids) < 2000
+    assert len(out.logprobs) == len(out.token_ids)

@@ -1,0 +1,305 @@
+"""Hand-computed checks for roll_agent.train.algorithms.
+
+Expected numbers are written out or derived with plain `math` arithmetic here,
+never with the module's own helpers.
+"""
+
+import math
+
+import pytest
+import torch
+from torch.testing import assert_close
+
+from roll_agent.train.algorithms import (
+    ADVANTAGE_ESTIMATORS,
+    AGGREGATIONS,
+    POLICY_LOSSES,
+    aggregate,
+    compute_advantages,
+    entropy_from_logits,
+    kl_k3,
+    policy_loss,
+)
+
+F64 = torch.float64
+LN = math.log
+
+
+def t(x, **kw):
+    return torch.tensor(x, dtype=F64, **kw)
+
+
+# --------------------------------------------------------------------------- advantages
+# Groups (ids deliberately sparse and interleaved):
+#   id 3 -> rewards [1, 0, 2]  mean 1,   unbiased std sqrt((0+1+1)/2) = 1
+#   id 0 -> rewards [5]        singleton
+#   id 9 -> rewards [0, 1]     mean 0.5, unbiased std sqrt((.25+.25)/1) = sqrt(.5)
+REWARDS = [1.0, 5.0, 0.0, 0.0, 2.0, 1.0]
+GROUPS = [3, 0, 3, 9, 3, 9]
+EPS = 1e-6
+
+
+def _adv(estimator, **kw):
+    return compute_advantages(t(REWARDS), torch.tensor(GROUPS), estimator, **kw)
+
+
+def test_grpo_std_normalized():
+    s9 = math.sqrt(0.5)
+    expected = [0.0 / (1 + EPS), 0.0, -1.0 / (1 + EPS), -0.5 / (s9 + EPS), 1.0 / (1 + EPS), 0.5 / (s9 + EPS)]
+    assert _adv("grpo").tolist() == pytest.approx(expected, abs=1e-12)
+
+
+def test_grpo_mean_only():
+    assert _adv("grpo", std_normalize=False).tolist() == pytest.approx([0.0, 0.0, -1.0, -0.5, 1.0, 0.5])
+
+
+def test_grpo_constant_group_is_zero_not_nan():
+    adv = compute_advantages(t([2.0, 2.0, 2.0]), torch.tensor([1, 1, 1]), "grpo")
+    assert adv.tolist() == [0.0, 0.0, 0.0]
+
+
+def test_rloo_leave_one_out():
+    # id 3: 1-(0+2)/2=0, 0-(1+2)/2=-1.5, 2-(1+0)/2=1.5 ; id 9: 0-1=-1, 1-0=1 ; id 0: 0
+    expected = [0.0, 0.0, -1.5, -1.0, 1.5, 1.0]
+    assert _adv("rloo").tolist() == pytest.approx(expected)
+    # rloo never divides by a std
+    assert _adv("rloo", std_normalize=False).tolist() == pytest.approx(expected)
+
+
+def test_reinforce_batch_baseline():
+    mean = sum(REWARDS) / 6  # 1.5
+    dev = [r - mean for r in REWARDS]
+    std = math.sqrt(sum(d * d for d in dev) / 5)  # unbiased: sqrt(17.5 / 5)
+    assert std == pytest.approx(math.sqrt(3.5))
+    assert _adv("reinforce").tolist() == pytest.approx([d / (std + EPS) for d in dev])
+    assert _adv("reinforce", std_normalize=False).tolist() == pytest.approx([-0.5, 3.5, -1.5, -1.5, 0.5, -0.5])
+
+
+def test_advantages_float32_and_single_episode():
+    adv = compute_advantages(torch.tensor([1.0, 3.0]), torch.tensor([0, 0]), "grpo")
+    assert adv.dtype == torch.float32
+    assert_close(adv, torch.tensor([-1.0, 1.0]) / (math.sqrt(2.0) + EPS))
+    for est in ADVANTAGE_ESTIMATORS:
+        one = compute_advantages(torch.tensor([4.0]), torch.tensor([0]), est)
+        assert one.tolist() == [0.0]
+
+
+def test_unknown_estimator_names_choices():
+    with pytest.raises(ValueError, match="grpo.*rloo.*reinforce"):
+        compute_advantages(t([1.0]), torch.tensor([0]), "gae")
+
+
+# --------------------------------------------------------------------------- policy losses
+
+
+def _run(variant, logp, logp_old, logp_behav, adv, mask=None, **kw):
+    lp = t(logp, requires_grad=True)
+    mask = torch.ones_like(lp) if mask is None else t(mask)
+    loss, diag = policy_loss(lp, t(logp_old), t(logp_behav), t(adv), mask, variant, **kw)
+    loss.sum().backward()
+    return loss.detach(), lp.grad, diag
+
+
+def test_ppo_values_grads_clip_and_cap():
+    # per token: (A, r = pi/pi_old, raw pi_old/mu)
+    #  (0,0) A=+1 r=1.1 raw 1.5 -> inside clip, w=1.5
+    #  (0,1) A=+2 r=1.5 raw 3.0 -> r>1.28 clipped, IS cap engages w=2
+    #  (1,0) A=-1 r=0.5 raw 0.5 -> r<0.8 with A<0: clipped, w=0.5
+    #  (1,1) A=-1 r=1.5 raw 1.0 -> r>1.28 but A<0: unclipped branch wins, w=1
+    old = [[-1.0, -0.5], [-2.0, -0.3]]
+    r = [[1.1, 1.5], [0.5, 1.5]]
+    raw = [[1.5, 3.0], [0.5, 1.0]]
+    adv = [[1.0, 2.0], [-1.0, -1.0]]
+    logp = [[old[i][j] + LN(r[i][j]) for j in range(2)] for i in range(2)]
+    behav = [[old[i][j] - LN(raw[i][j]) for j in range(2)] for i in range(2)]
+    loss, grad, diag = _run("ppo", logp, old, behav, adv)
+
+    w = [[1.5, 2.0], [0.5, 1.0]]
+    expected_loss = [
+        [-1.5 * 1.1 * 1.0, -2.0 * 1.28 * 2.0],
+        [-0.5 * (0.8 * -1.0), -1.0 * (1.5 * -1.0)],
+    ]
+    # d/dlogp: -w*A*r on the unclipped branch, 0 on the clipped one
+    expected_grad = [[-1.5 * 1.0 * 1.1, 0.0], [0.0, -1.0 * -1.0 * 1.5]]
+    assert_close(loss, t(expected_loss))
+    assert_close(grad, t(expected_grad))
+    assert_close(diag["is_weight"], t(w))
+    assert_close(diag["ratio"], t(r))
+    assert diag["clipped"].tolist() == [[0.0, 1.0], [1.0, 0.0]]
+    assert not diag["is_weight"].requires_grad and not diag["clipped"].requires_grad
+
+
+def test_ppo_custom_clip_range():
+    # clip_low=0.1, clip_high=0.1: r=1.15 with A=+1 is now clipped at 1.1
+    loss, grad, diag = _run("ppo", [[LN(1.15)]], [[0.0]], [[0.0]], [[1.0]], clip_low=0.1, clip_high=0.1)
+    assert loss.item() == pytest.approx(-1.1)
+    assert grad.item() == 0.0
+    assert diag["clipped"].item() == 1.0
+
+
+def test_tis_values_grads_and_cap():
+    # pi/mu = [0.5, 1.5, 3.0]; cap 2 -> w = [0.5, 1.5, 2.0]
+    logp = [[-1.0, -2.0, -0.5]]
+    behav = [[-1.0 - LN(0.5), -2.0 - LN(1.5), -0.5 - LN(3.0)]]
+    adv = [[1.0, -2.0, 0.5]]
+    loss, grad, diag = _run("tis", logp, [[0.0, 0.0, 0.0]], behav, adv)
+    w = [0.5, 1.5, 2.0]
+    assert_close(loss, t([[-w[0] * 1.0 * -1.0, -w[1] * -2.0 * -2.0, -w[2] * 0.5 * -0.5]]))
+    assert_close(grad, t([[-w[0] * 1.0, -w[1] * -2.0, -w[2] * 0.5]]))  # -w*A
+    assert_close(diag["is_weight"], t([w]))
+    assert diag["clipped"].tolist() == [[0.0, 0.0, 1.0]]
+
+
+def test_tis_ignores_logp_old():
+    a = _run("tis", [[-1.0]], [[0.0]], [[-1.0]], [[1.0]])
+    b = _run("tis", [[-1.0]], [[-5.0]], [[-1.0]], [[1.0]])
+    assert_close(a[0], b[0])
+    assert_close(a[1], b[1])
+
+
+def test_cispo_values_grads_clipped_keeps_gradient():
+    # pi/mu = [0.5, 1.1, 1.5] -> clipped to [0.8, 1.1, 1.28]
+    logp = [[-1.0, -2.0, -0.5]]
+    behav = [[-1.0 - LN(0.5), -2.0 - LN(1.1), -0.5 - LN(1.5)]]
+    adv = [[1.0, 1.0, -1.0]]
+    loss, grad, diag = _run("cispo", logp, [[0.0, 0.0, 0.0]], behav, adv)
+    w = [0.8, 1.1, 1.28]
+    assert_close(loss, t([[-0.8 * 1.0 * -1.0, -1.1 * 1.0 * -2.0, -1.28 * -1.0 * -0.5]]))
+    # unlike ppo, clipped tokens still get -w*A
+    assert_close(grad, t([[-0.8, -1.1, 1.28]]))
+    assert_close(diag["is_weight"], t([w]))
+    assert diag["clipped"].tolist() == [[1.0, 0.0, 1.0]]
+
+
+def test_topr_positive_and_negative_episodes():
+    # row 0 positive: plain -A*logp whatever pi/mu is (3.0, 0.5)
+    # row 1 negative: w = clamp(pi/mu, 0, 1) with pi/mu = (2.0, 0.25) -> (1, 0.25)
+    logp = [[-1.0, -2.0], [-0.5, -3.0]]
+    behav = [[-1.0 - LN(3.0), -2.0 - LN(0.5)], [-0.5 - LN(2.0), -3.0 - LN(0.25)]]
+    adv = [[1.0, 1.0], [-1.0, -1.0]]
+    pos = torch.tensor([True, False])
+    loss, grad, diag = _run("topr", logp, [[0.0, 0.0], [0.0, 0.0]], behav, adv, positive=pos)
+    assert_close(loss, t([[1.0, 2.0], [-1.0 * -1.0 * -0.5, -0.25 * -1.0 * -3.0]]))
+    assert_close(grad, t([[-1.0, -1.0], [1.0, 0.25]]))
+    assert_close(diag["is_weight"], t([[1.0, 1.0], [1.0, 0.25]]))
+    assert diag["clipped"].tolist() == [[0.0, 0.0], [1.0, 0.0]]
+
+
+def test_topr_requires_positive():
+    with pytest.raises(ValueError, match="positive"):
+        _run("topr", [[-1.0]], [[0.0]], [[-1.0]], [[1.0]])
+
+
+@pytest.mark.parametrize("variant", POLICY_LOSSES)
+def test_mask_zeroes_loss_and_grad(variant):
+    # Masked slots hold garbage (-inf logp, NaN advantage): must give exactly 0 loss
+    # and 0 grad, and leave the unmasked tokens identical to an unpadded run.
+    inf, nan = float("inf"), float("nan")
+    logp = t([[-1.0, -inf, -0.7], [-0.2, -0.4, -inf]], requires_grad=True)
+    old = t([[-1.1, 0.0, -0.6], [-0.3, -0.5, 50.0]])
+    behav = t([[-0.9, -inf, -0.8], [-0.1, -0.45, -50.0]])
+    adv = t([[1.0, nan, -2.0], [0.5, -1.0, nan]])
+    mask = t([[1.0, 0.0, 1.0], [1.0, 1.0, 0.0]])
+    pos = torch.tensor([True, False])
+    loss, diag = policy_loss(logp, old, behav, adv, mask, variant, positive=pos)
+    loss.sum().backward()
+    assert torch.isfinite(loss).all() and torch.isfinite(logp.grad).all()
+    off = mask == 0
+    assert loss[off].tolist() == [0.0, 0.0]
+    assert logp.grad[off].tolist() == [0.0, 0.0]
+    assert diag["is_weight"][off].tolist() == [0.0, 0.0] and diag["clipped"][off].tolist() == [0.0, 0.0]
+
+    on = ~off
+    lp2 = logp.detach().masked_fill(off, -1.0).requires_grad_(True)
+    ref, _ = policy_loss(lp2, old.masked_fill(off, -1.0), behav.masked_fill(off, -1.0),
+                         adv.masked_fill(off, 0.0), torch.ones_like(mask), variant, positive=pos)
+    ref.sum().backward()
+    assert_close(loss[on], ref[on].detach())
+    assert_close(logp.grad[on], lp2.grad[on])
+
+
+def test_unknown_policy_loss_names_choices():
+    with pytest.raises(ValueError, match="ppo.*tis.*cispo.*topr"):
+        _run("grpo", [[-1.0]], [[0.0]], [[-1.0]], [[1.0]])
+
+
+# --------------------------------------------------------------------------- kl / entropy
+
+
+def test_kl_k3_hand_values():
+    logp = t([-1.0, -2.0, -0.5, -3.0])
+    ref = t([-1.0 + LN(2.0), -2.0 - LN(2.0), -0.5, -2.0])  # d = ln2, -ln2, 0, 1
+    expected = [2.0 - LN(2.0) - 1.0, 0.5 + LN(2.0) - 1.0, 0.0, math.e - 1.0 - 1.0]
+    out = kl_k3(logp, ref)
+    assert out.tolist() == pytest.approx(expected, abs=1e-12)
+    assert out[2].item() == 0.0
+
+
+def test_kl_k3_nonnegative_and_zero_when_equal():
+    g = torch.Generator().manual_seed(0)
+    a = torch.randn(64, 32, generator=g)
+    b = a + 1e-4 * torch.randn(64, 32, generator=g)  # tiny d is where exp(d)-d-1 would round below 0
+    c = torch.randn(64, 32, generator=g) * 3
+    assert (kl_k3(a, b) >= 0).all() and (kl_k3(a, c) >= 0).all()
+    assert (kl_k3(a, a) == 0).all()
+
+
+def test_kl_k3_gradient():
+    # d/dlogp [exp(d) - d - 1], d = ref - logp  ->  1 - exp(d)
+    lp = t([-1.0], requires_grad=True)
+    kl_k3(lp, t([-1.0 + LN(2.0)])).sum().backward()
+    assert lp.grad.item() == pytest.approx(1.0 - 2.0)
+
+
+def test_entropy_uniform_is_log_v():
+    v = 7
+    out = entropy_from_logits(torch.zeros(2, 3, v, dtype=F64) + 5.0)
+    assert out.shape == (2, 3)
+    assert_close(out, torch.full((2, 3), math.log(v), dtype=F64))
+
+
+def test_entropy_peaked_and_two_class():
+    peaked = t([[[100.0, 0.0, 0.0, 0.0], [0.0, 0.0, -1e4, 1e4]]])
+    assert entropy_from_logits(peaked).abs().max().item() < 1e-30
+    p, q = 0.25, 0.75  # logits [0, ln 3]
+    out = entropy_from_logits(t([[[0.0, LN(3.0)]]]))
+    assert out.item() == pytest.approx(-(p * math.log(p) + q * math.log(q)))
+
+
+def test_entropy_neg_inf_logits_finite():
+    x = t([[[0.0, 0.0, float("-inf")]]], requires_grad=True)
+    out = entropy_from_logits(x)
+    assert out.item() == pytest.approx(math.log(2.0))
+    out.sum().backward()
+    assert torch.isfinite(x.grad).all()
+
+
+# --------------------------------------------------------------------------- aggregate
+
+VALUES = [[1.0, 2.0, 3.0], [4.0, 5.0, 6.0], [7.0, 8.0, 9.0]]
+RAGGED = [[1.0, 1.0, 0.0], [1.0, 0.0, 0.0], [0.0, 0.0, 0.0]]
+
+
+def test_aggregate_token_mean():
+    assert aggregate(t(VALUES), t(RAGGED), "token-mean").item() == pytest.approx((1 + 2 + 4) / 3)
+
+
+def test_aggregate_seq_mean_skips_empty_rows():
+    # row0 mean 1.5, row1 mean 4, row2 has no tokens and is excluded
+    assert aggregate(t(VALUES), t(RAGGED), "seq-mean").item() == pytest.approx((1.5 + 4.0) / 2)
+
+
+@pytest.mark.parametrize("mode", AGGREGATIONS)
+def test_aggregate_all_masked_is_zero_and_ignores_nan(mode):
+    assert aggregate(t(VALUES), torch.zeros(3, 3, dtype=F64), mode).item() == 0.0
+    vals = t([[1.0, float("nan")], [float("inf"), 3.0]], requires_grad=True)
+    out = aggregate(vals, t([[1.0, 0.0], [0.0, 1.0]]), mode)
+    assert out.item() == pytest.approx(2.0)
+    out.backward()
+    # token-mean: 1/2 each; seq-mean: (1/1)/2 each
+    assert vals.grad.tolist() == [[0.5, 0.0], [0.0, 0.5]]
+
+
+def test_unknown_aggregation_names_choices():
+    with pytest.raises(ValueError, match="token-mean.*seq-mean"):
+        aggregate(t(VALUES), t(RAGGED), "seq-sum")
