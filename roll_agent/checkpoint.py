@@ -19,7 +19,7 @@ class Checkpointer:
         tmp = self.root / f".tmp_step_{step:06d}"
         shutil.rmtree(tmp, ignore_errors=True)
         trainer.save(tmp, extra)
-        tokenizer.save_pretrained(tmp / ("adapter" if trainer.cfg.lora.enabled else "model"))
+        tokenizer.save_pretrained(tmp / "model")
         shutil.rmtree(final, ignore_errors=True)
         tmp.rename(final)
         for old in self.all()[: -self.keep_last]:

@@ -50,11 +50,21 @@ class TinyModelConfig:
 
 
 @dataclass
+class LoraConfig:
+    enabled: bool = False
+    r: int = 8
+    alpha: int = 16
+    dropout: float = 0.0
+    target_modules: list[str] = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])
+
+
+@dataclass
 class ModelConfig:
     path: str = ""  # local checkpoint dir or hub id; empty: build the tiny model
     tiny: TinyModelConfig = field(default_factory=TinyModelConfig)
     dtype: str = "float32"
     trust_remote_code: bool = False
+    lora: LoraConfig = field(default_factory=LoraConfig)  # adapters trained, adapters synced
 
     def __post_init__(self) -> None:
         _choice("model", "dtype", self.dtype, ("float32", "bfloat16", "float16"))
@@ -160,15 +170,6 @@ class AlgorithmConfig:
 
 
 @dataclass
-class LoraConfig:
-    enabled: bool = False
-    r: int = 8
-    alpha: int = 16
-    dropout: float = 0.0
-    target_modules: list[str] = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])
-
-
-@dataclass
 class TrainerConfig:
     type: str = "torch"
     lr: float = 1e-3
@@ -179,7 +180,6 @@ class TrainerConfig:
     updates_per_batch: int = 1  # optimizer steps per batch (mini-batches); >1 makes pi_old differ from pi
     dtype: str = "float32"
     device: str = "cpu"
-    lora: LoraConfig = field(default_factory=LoraConfig)
 
     def __post_init__(self) -> None:
         _choice("trainer", "type", self.type, ("torch",))

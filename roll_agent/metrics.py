@@ -17,6 +17,10 @@ class MetricsLogger:
     def __init__(self, output_dir: Path, cfg: LoggingConfig, total_steps: int, first_step: int = 0):
         self.path = output_dir / "metrics.jsonl"
         output_dir.mkdir(parents=True, exist_ok=True)
+        if self.path.exists():
+            # resuming from step `first_step`: rows logged after that checkpoint are redone
+            kept = [r for r in read_rows(self.path) if r.get("step", 0) <= first_step] if first_step else []
+            self.path.write_text("".join(json.dumps(r) + "\n" for r in kept))
         self._file = self.path.open("a")
         self._tb = None
         if cfg.tensorboard:

@@ -12,6 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import torch
+import transformers
 from transformers import AutoTokenizer
 
 from roll_agent.checkpoint import Checkpointer
@@ -39,6 +40,7 @@ def prepare_model(cfg: Config, out: Path) -> str:
 
 
 async def train(cfg: Config) -> int:
+    transformers.utils.logging.disable_progress_bar()
     out = Path(cfg.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.yaml").write_text(to_yaml(cfg))
@@ -49,7 +51,7 @@ async def train(cfg: Config) -> int:
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     formatter = ChatFormatter(tokenizer)
 
-    trainer = TorchTrainer(model_path, cfg.trainer, cfg.algorithm, cfg.rollout.temperature, seed=cfg.seed)
+    trainer = TorchTrainer(model_path, cfg.trainer, cfg.algorithm, cfg.model, cfg.rollout.temperature, seed=cfg.seed)
     checkpointer = Checkpointer(out, cfg.checkpoint.keep_last)
     resume_from = checkpointer.latest() if cfg.resume else None
     extra = trainer.load(resume_from) if resume_from else None

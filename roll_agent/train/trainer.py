@@ -17,30 +17,27 @@ import numpy as np
 import torch
 from transformers import AutoModelForCausalLM
 
-from roll_agent.config import AlgorithmConfig, TrainerConfig
+from roll_agent.config import AlgorithmConfig, ModelConfig, TrainerConfig
+from roll_agent.modeling import load_policy, sync_parameters
 from roll_agent.train import algorithms as alg
 from roll_agent.types import Group, Trajectory
 
 
 class TorchTrainer:
-    def __init__(self, model_path: str, cfg: TrainerConfig, algo: AlgorithmConfig, temperature: float = 1.0,
-                 seed: int = 0):
+    def __init__(self, model_path: str, cfg: TrainerConfig, algo: AlgorithmConfig, model_cfg: ModelConfig | None = None,
+                 temperature: float = 1.0, seed: int = 0):
         self.cfg = cfg
         self.algo = algo
+        self.model_cfg = model_cfg or ModelConfig()
+        self.lora = self.model_cfg.lora.enabled
         self.temperature = temperature
         self.device = torch.device(cfg.device)
         torch.manual_seed(seed)
-        self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).to(self.device)
+        # fp32 master weights; trainer.dtype=bfloat16 autocasts the forward
+        self.model = load_policy(model_path, self.model_cfg, cfg.device, dtype="float32")
         self.ref_model = None
-        if algo.kl_coef > 0 and not cfg.lora.enabled:
+        if algo.kl_coef > 0 and not self.lora:  # under LoRA the reference is the adapter-disabled base
             self.ref_model = copy.deepcopy(self.model).eval().requires_grad_(False)
-        if cfg.lora.enabled:
-            from peft import LoraConfig, get_peft_model
-
-            lora = cfg.lora
-            self.model = get_peft_model(self.model, LoraConfig(
-                r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
-                target_modules=list(lora.target_modules), task_type="CAUSAL_LM"))
         self.model.train()
         self.optimizer = torch.optim.AdamW(
             [p for p in self.model.parameters() if p.requires_grad],
@@ -174,7 +171,7 @@ class TorchTrainer:
             logp, _ = self._forward(self.model, batch, with_entropy=False)
             nll = -(logp * batch["mask"]).sum()
             (nll / total).backward()
-            nll_sum += float(nll)
+            nll_sum += nll.item()
         torch.nn.utils.clip_grad_norm_([p for p in self.model.parameters() if p.requires_grad], self.cfg.max_grad_norm)
         self.optimizer.step()
         for group in self.optimizer.param_groups:
@@ -183,24 +180,17 @@ class TorchTrainer:
 
     # ---- weights and checkpoints -------------------------------------------
     def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
-        """Full weights under the plain transformers names (LoRA merged in)."""
-        if self.cfg.lora.enabled:
-            merged = {}
-            base = self.model.get_base_model()
-            with torch.no_grad():
-                self.model.merge_adapter()
-                for name, p in base.named_parameters():
-                    merged[_base_name(name)] = p.detach().clone()
-                self.model.unmerge_adapter()
-            yield from merged.items()
-            return
-        for name, p in self.model.named_parameters():
+        """What the engines need: every parameter, or only the adapters under LoRA."""
+        for name, p in sync_parameters(self.model, self.model_cfg):
             yield name, p.detach()
 
     def save(self, path: Path, extra: dict) -> None:
         path.mkdir(parents=True, exist_ok=True)
-        # LoRA: peft writes the adapter (loadable on the base with PeftModel.from_pretrained)
-        self.model.save_pretrained(path / ("adapter" if self.cfg.lora.enabled else "model"))
+        if self.lora:  # the adapter for resuming, and the merged model for transformers users
+            self.model.save_pretrained(path / "adapter")
+            copy.deepcopy(self.model).merge_and_unload().save_pretrained(path / "model")
+        else:
+            self.model.save_pretrained(path / "model")
         torch.save({
             "optimizer": self.optimizer.state_dict(),
             "version": self.version,
@@ -211,7 +201,7 @@ class TorchTrainer:
 
     def load(self, path: Path) -> dict:
         state = torch.load(path / "trainer_state.pt", weights_only=False)
-        if self.cfg.lora.enabled:
+        if self.lora:
             from peft import set_peft_model_state_dict
             from safetensors.torch import load_file
 
@@ -226,10 +216,6 @@ class TorchTrainer:
         np.random.set_state(state["rng"]["numpy"])
         self._rng.setstate(state["rng"]["trainer"])
         return state["extra"]
-
-
-def _base_name(name: str) -> str:
-    return name.replace(".base_layer", "")
 
 
 def _stack_rows(rows: list[torch.Tensor], width: int) -> torch.Tensor:

@@ -14,12 +14,10 @@ from dataclasses import dataclass, field
 from typing import Iterable
 
 import torch
-from transformers import AutoModelForCausalLM
 
 from roll_agent.config import EngineConfig, ModelConfig
+from roll_agent.modeling import load_policy, sync_parameters
 from roll_agent.types import EngineOutput, SamplingParams
-
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 @dataclass
@@ -37,13 +35,10 @@ class HFEngine:
     def __init__(self, model_path: str, cfg: EngineConfig, model_cfg: ModelConfig, seed: int = 0):
         self.cfg = cfg
         self.device = torch.device(cfg.device)
-        self.model = AutoModelForCausalLM.from_pretrained(
-            model_path, dtype=DTYPES[model_cfg.dtype], trust_remote_code=model_cfg.trust_remote_code
-        ).to(self.device)
-        self.model.eval()
+        self.model = load_policy(model_path, model_cfg, cfg.device).eval()
         self.pad_id = self.model.config.pad_token_id or 0
         self.version = 0
-        self._params = dict(self.model.named_parameters())
+        self._params = dict(sync_parameters(self.model, model_cfg))
         self._generator = torch.Generator(device=self.device).manual_seed(seed)
         self._queue: list[_Pending] = []
         self._aborted: set[str] = set()
