@@ -4,7 +4,6 @@ tests/rollout/harness.py assembles it (copied, so benchmarks never import tests/
 
 from __future__ import annotations
 
-import asyncio
 import os
 import time
 from concurrent.futures import ThreadPoolExecutor

@@ -11,6 +11,7 @@ for testing that blocking envs run off the loop.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import random
 import threading
 
@@ -18,6 +19,7 @@ import gymnasium
 from gymnasium import spaces
 
 CHARSET = "".join(chr(c) for c in range(32, 127)) + "\n\t"
+_instances = itertools.count()
 
 
 class SimulatedEnvError(RuntimeError):
@@ -45,7 +47,10 @@ class SimulatedEnv(gymnasium.Env):
         self._len = episode_len
         self._seed = 0
         if not async_step:
-            self.astep = None  # env managers then run the blocking step() in a thread
+            self.astep = self.areset = None  # env managers then run reset() and step() in a thread
+        # latency varies per instance (envs of a group play the same seed but are not in lockstep);
+        # failures and hangs stay a function of (seed, step) so tests are reproducible
+        self._instance = next(_instances)
         self._closed = threading.Event()  # wakes a blocking step on close(), so no thread outlives the env
 
     def reset(self, *, seed: int | None = None, options: dict | None = None):
@@ -70,9 +75,8 @@ class SimulatedEnv(gymnasium.Env):
 
     def _plan(self) -> tuple[float, str]:
         """Latency and fate of this step, drawn from the episode's own RNG stream."""
-        rng = random.Random(f"{self._seed}-{self._t}")
-        latency = self.sample_latency(rng)
-        roll = rng.random()
+        latency = self.sample_latency(random.Random(f"{self._seed}-{self._t}-{self._instance}"))
+        roll = random.Random(f"{self._seed}-{self._t}").random()
         if roll < self.fail_prob:
             return latency, "fail"
         if roll < self.fail_prob + self.hang_prob:
@@ -98,6 +102,9 @@ class SimulatedEnv(gymnasium.Env):
         if latency > 0 and self._closed.wait(latency):
             raise SimulatedEnvError("env closed during step")
         return self._advance(action, fate)
+
+    async def areset(self, *, seed: int | None = None, options: dict | None = None):
+        return self.reset(seed=seed, options=options)
 
     async def astep(self, action: str):
         latency, fate = self._plan()

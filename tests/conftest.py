@@ -33,5 +33,23 @@ def tiny_model_dir(tmp_path_factory):
 
 
 def run(coro, timeout: float = 60.0):
-    """Run a coroutine with a hard timeout so a deadlock fails the test instead of hanging it."""
-    return asyncio.run(asyncio.wait_for(coro, timeout))
+    """Run a coroutine with a hard timeout, so a deadlock fails the test (printing where
+    every task waits) instead of hanging it."""
+    return asyncio.run(_guarded(coro, timeout))
+
+
+async def _guarded(coro, timeout: float):
+    import io
+    import sys
+
+    task = asyncio.ensure_future(coro)
+    done, _ = await asyncio.wait({task}, timeout=timeout)
+    if done:
+        return task.result()
+    stacks = io.StringIO()
+    for other in asyncio.all_tasks():
+        if other is not asyncio.current_task():
+            other.print_stack(limit=6, file=stacks)
+    print(stacks.getvalue(), file=sys.stderr)
+    task.cancel()
+    raise TimeoutError(f"timed out after {timeout}s; task stacks printed to stderr")

@@ -42,7 +42,8 @@ class EnvManager:
         loop = asyncio.get_running_loop()
         self._thread_call = loop.run_in_executor(self.executor, lambda: fn(*args, **kwargs))
         try:
-            return await asyncio.wait_for(asyncio.shield(self._thread_call), timeout)
+            async with asyncio.timeout(timeout):  # asyncio.timeout, not wait_for: cancel-safe on 3.11
+                return await asyncio.shield(self._thread_call)
         except asyncio.TimeoutError as exc:
             raise EnvStepError(f"{getattr(fn, '__name__', 'env call')} timed out after {timeout:.1f}s") from exc
         except (asyncio.CancelledError, GenerationAborted):
@@ -55,7 +56,8 @@ class EnvManager:
         if astep is None:
             return await self._call(self.env.step, action, timeout=self.cfg.step_timeout_s)
         try:
-            return await asyncio.wait_for(astep(action), self.cfg.step_timeout_s)
+            async with asyncio.timeout(self.cfg.step_timeout_s):
+                return await astep(action)
         except asyncio.TimeoutError as exc:
             raise EnvStepError(f"step timed out after {self.cfg.step_timeout_s:.1f}s") from exc
         except asyncio.CancelledError:
@@ -69,7 +71,8 @@ class EnvManager:
         self.current = traj
         start = time.perf_counter()
         try:
-            await asyncio.wait_for(self._play(traj, seed, greedy), self.cfg.episode_timeout_s)
+            async with asyncio.timeout(self.cfg.episode_timeout_s):
+                await self._play(traj, seed, greedy)
         except (EnvStepError, asyncio.TimeoutError) as exc:
             traj.status = Status.ENV_ERROR
             traj.error = str(exc) or f"episode timed out after {self.cfg.episode_timeout_s:.0f}s"
@@ -93,7 +96,12 @@ class EnvManager:
             await self._discard_env()  # a cancelled episode left this env mid-call in its thread
         if self.env is None:
             self.env = await self._call(make_env, self.spec, timeout=max(cfg.step_timeout_s, 300.0))
-        obs, info = await self._call(self.env.reset, seed=seed, timeout=cfg.step_timeout_s)
+        areset = getattr(self.env.unwrapped, "areset", None)
+        if areset is not None:  # an async env resets on the loop: no thread hop per episode
+            async with asyncio.timeout(cfg.step_timeout_s):
+                obs, info = await areset(seed=seed)
+        else:
+            obs, info = await self._call(self.env.reset, seed=seed, timeout=cfg.step_timeout_s)
         prompt = self.formatter.first_prompt(str(info.get("instructions", "")), str(obs))
         traj.append(prompt, generated=False)
         traj.prompt_len = len(prompt)

@@ -86,28 +86,34 @@ class GroupScheduler:
             self.counts["started"] += len(lane.tasks)
             kept = await self._collect(lane)
             if kept:
+                self.counts["groups_put"] += 1
                 await self.buffer.put(Group(gid, seed, lane.spec.name, kept))
             else:
                 await self.buffer.release()
 
     async def _collect(self, lane: Lane) -> list[Trajectory]:
-        """Wait for `group_size` good episodes, then cancel the rest."""
+        """Wait for `group_size` good episodes, then cancel the rest (the redundant ones)."""
         kept: list[Trajectory] = []
         pending = set(lane.tasks)
+        stale = False
         try:
             while pending and len(kept) < self.cfg.group_size:
                 done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
                 for task in done:
                     if task.cancelled():
-                        continue  # a stale group cancelled by on_version
+                        stale = True  # only on_version cancels before the group completes
+                        continue
                     traj = task.result()
                     self._record(traj)
                     if traj.status in (Status.FINISHED, Status.TRUNCATED):
                         kept.append(traj)
         finally:
             await self._cancel(pending)
-        if any(t.cancelled() for t in lane.tasks):
-            return []  # the group went stale: it can never be trained on
+        if stale:
+            self.counts["groups_stale"] += 1
+            return []
+        if not kept:
+            self.counts["groups_failed"] += 1
         return kept[: self.cfg.group_size]
 
     async def _cancel(self, tasks) -> None:
@@ -125,7 +131,6 @@ class GroupScheduler:
         for lane in self.lanes:
             oldest = lane.min_generated_version()
             if oldest is not None and not self.buffer.is_fresh(oldest, version):
-                self.counts["cancelled_stale_groups"] += 1
                 await self._cancel([t for t in lane.tasks if not t.done()])
 
     def state_dict(self) -> dict:

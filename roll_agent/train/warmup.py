@@ -27,7 +27,7 @@ def demonstration(env, formatter: ChatFormatter, seed: int, max_turns: int, epsi
     for _ in range(max_turns):
         admissible = info.get("admissible_actions")
         action = rng.choice(admissible) if admissible and rng.random() < epsilon else expert()
-        ids = formatter.tokenizer.encode(action, add_special_tokens=False) + [formatter.end_of_turn_id]
+        ids = formatter.encode(action) + [formatter.end_of_turn_id]
         traj.append(ids, generated=True, logprobs=[0.0] * len(ids), versions=[0] * len(ids))
         obs, reward, terminated, truncated, info = env.step(action)
         traj.step_rewards.append(float(reward))

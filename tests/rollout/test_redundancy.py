@@ -9,7 +9,7 @@ from tests.rollout.harness import build, train_loop
 
 
 def test_group_completes_at_group_size_and_cancels_the_redundant(formatter):
-    rollout = RolloutConfig(async_ratio=1, num_env_groups=2, groups_per_batch=2, group_size=3,
+    rollout = RolloutConfig(async_ratio=8, num_env_groups=2, groups_per_batch=2, group_size=3,
                             group_size_redundancy=2, max_turns=4)
     # slow tokens keep requests in flight when the group completes
     engine = ScriptedEngineConfig(response_tokens=4, token_latency_s=0.003, latency_s=0.0)
@@ -30,6 +30,9 @@ def test_group_completes_at_group_size_and_cancels_the_redundant(formatter):
             assert all(t.status in (Status.FINISHED, Status.TRUNCATED) for t in group.trajectories)
     counts = stack.scheduler.counts
     assert counts["aborted"] > 0
+    assert counts["groups_stale"] == 0 and counts["groups_failed"] == 0
+    # every group that completed reached the buffer (none discarded for its cancelled redundant envs)
+    assert counts["groups_put"] >= 4 * rollout.groups_per_batch
     aborted_requests = [rid for e in stack.engines for rid in e.aborted_ids]
     assert aborted_requests, "cancelled episodes must abort their engine requests"
     assert stack.proxy.num_inflight == 0

@@ -73,7 +73,8 @@ class ScriptedEngine:
         if seconds <= 0:
             return False
         try:
-            await asyncio.wait_for(event.wait(), seconds)
+            async with asyncio.timeout(seconds):
+                await event.wait()
             return True
         except asyncio.TimeoutError:
             return False
