@@ -100,7 +100,8 @@ class TorchTrainer:
         tokens = sum(t.num_generated_tokens for t in trajs)
         n = max(sums.pop("_mask_tokens", 0.0), 1.0)
         metrics = {key: value / n for key, value in sums.items() if not key.startswith("_")}
-        metrics.update(grad_norm=sums["_grad_norm"] / k, train_tokens=float(tokens),
+        metrics.update(grad_norm=sums["_grad_norm"] / k, skipped_updates=sums.get("_skipped_updates", 0.0),
+                       train_tokens=float(tokens),
                        time_train_s=time.perf_counter() - start, advantage_abs_mean=float(adv.abs().mean()))
         metrics["train_tokens_per_s"] = tokens / max(metrics["time_train_s"], 1e-9)
         return metrics
@@ -149,7 +150,10 @@ class TorchTrainer:
         params = [p for p in self.model.parameters() if p.requires_grad]
         norm = torch.nn.utils.clip_grad_norm_(params, self.cfg.max_grad_norm)
         _add(sums, "_grad_norm", float(norm))
-        self.optimizer.step()
+        if float(norm) > 0:  # no signal (e.g. all groups' rewards equal): Adam's momentum alone must not drift
+            self.optimizer.step()
+        else:
+            _add(sums, "_skipped_updates", 1.0)
 
     @torch.no_grad()
     def _ref_logp(self, batch) -> torch.Tensor:
