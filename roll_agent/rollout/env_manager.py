@@ -10,6 +10,7 @@ times out ends only its episode, with status `env_error`; the env is then rebuil
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from concurrent.futures import Executor
 
@@ -18,6 +19,8 @@ from roll_agent.proxy.llm_proxy import GenerationAborted
 from roll_agent.rollout.chat import ChatFormatter
 from roll_agent.rollout.envs import make_env
 from roll_agent.types import GenerateRequest, SamplingParams, Status, Trajectory
+
+log = logging.getLogger(__name__)
 
 
 class EnvStepError(RuntimeError):
@@ -84,6 +87,10 @@ class EnvManager:
         except asyncio.CancelledError:
             traj.status = Status.ABORTED
             raise
+        except Exception as exc:  # an engine failure or a bug: this episode ends, the run goes on
+            log.exception("episode on %s (seed %s) failed", self.env_id, seed)
+            traj.status = Status.ABORTED
+            traj.error = f"{type(exc).__name__}: {exc}"
         finally:
             traj.timing["episode_s"] = time.perf_counter() - start
             self.current = None

@@ -11,8 +11,12 @@ def make_engines(cfg: EngineConfig, model_cfg: ModelConfig, model_path: str, see
         from roll_agent.proxy.engines.hf import HFEngine
 
         return [HFEngine(model_path, cfg, model_cfg, seed=seed + i) for i in range(cfg.num_engines)]
+    if cfg.type == "vllm":
+        from roll_agent.proxy.engines.vllm import VLLMEngine
+
+        return [VLLMEngine(model_path, cfg, model_cfg, seed=seed + i) for i in range(cfg.num_engines)]
     if cfg.type == "scripted":
         from roll_agent.proxy.engines.scripted import ScriptedEngine
 
         return [ScriptedEngine(cfg.scripted, seed=seed + i) for i in range(cfg.num_engines)]
-    raise ValueError(f"engine.type={cfg.type!r}: use hf or scripted")
+    raise ValueError(f"engine.type={cfg.type!r}: use hf, vllm or scripted")

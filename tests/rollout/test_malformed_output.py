@@ -1,0 +1,43 @@
+"""Malformed model output (garbage, empty, huge, odd unicode, broken tool calls) gets the
+env's invalid-action handling and never ends an episode with an error."""
+
+import asyncio
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+import envs
+from roll_agent.config import EnvSpec, RolloutConfig
+from roll_agent.proxy.engines.scripted import ScriptedEngine
+from roll_agent.proxy.llm_proxy import LLMProxy
+from roll_agent.rollout.env_manager import EnvManager
+from roll_agent.types import Status
+from tests.conftest import run
+
+OUTPUTS = ["", "zzz qqq", "x" * 10_000, "ÄÖÜ 漢字 🤖 \u200b\u202e", '<tool_call>{"name": "move", "arguments": {',
+           "\x00\x01\x02", "left right up down " * 50]
+IDS = [i for i in envs.registered_ids() if i.split("/")[1].split("-")[0] in
+       ("FrozenLake", "Sokoban", "Taxi", "CliffWalking", "Blackjack")]
+
+
+@pytest.mark.parametrize("env_id", IDS)
+def test_malformed_outputs_are_invalid_actions_not_errors(formatter, env_id):
+    texts = iter(OUTPUTS * 10)
+
+    def script(prompt_ids):
+        return formatter.encode(next(texts)) + [formatter.end_of_turn_id]
+
+    engine = ScriptedEngine(script=script)
+    proxy = LLMProxy([engine])
+    rollout = RolloutConfig(max_turns=len(OUTPUTS), max_new_tokens=20_000, max_context_tokens=100_000)
+    manager = EnvManager("e0", EnvSpec(id=env_id), formatter, proxy, rollout, ThreadPoolExecutor(2))
+
+    async def go():
+        try:
+            return await manager.run_episode(seed=3)
+        finally:
+            await manager.close()
+
+    traj = run(go())
+    assert traj.status in (Status.FINISHED, Status.TRUNCATED), traj.error
+    assert traj.metrics["invalid_actions"] >= traj.num_turns - 1  # the repeated word list may parse
