@@ -6,18 +6,13 @@ from __future__ import annotations
 
 import os
 import time
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 from roll_agent.config import EnvSpec, ProxyConfig, RolloutConfig, ScriptedEngineConfig  # noqa: E402
 from roll_agent.proxy.engines.scripted import ScriptedEngine  # noqa: E402
-from roll_agent.proxy.llm_proxy import LLMProxy  # noqa: E402
-from roll_agent.rollout.buffer import SampleBuffer  # noqa: E402
 from roll_agent.rollout.chat import ChatFormatter  # noqa: E402
-from roll_agent.rollout.env_manager import EnvManager  # noqa: E402
-from roll_agent.rollout.groups import GroupScheduler  # noqa: E402
+from roll_agent.rollout.stack import RolloutStack, build_rollout  # noqa: E402
 
 SIM_ID = "roll_agent/Simulated-v0"
 
@@ -34,49 +29,16 @@ def sim_spec(tag: str = "", num_groups: int = 0, **kwargs) -> EnvSpec:
     return EnvSpec(id=SIM_ID, tag=tag, num_groups=num_groups, kwargs=kwargs)
 
 
-def make_proxy(engine_cfg: ScriptedEngineConfig, num_engines: int = 2) -> LLMProxy:
-    return LLMProxy([ScriptedEngine(engine_cfg, seed=i) for i in range(num_engines)], ProxyConfig())
-
-
-@dataclass
-class Stack:
-    proxy: LLMProxy
-    buffer: SampleBuffer
-    scheduler: GroupScheduler
-    executor: ThreadPoolExecutor
-
-    async def bump(self, version: int) -> None:
-        """What the controller does after a training step: suspend, update, resume."""
-        async def push(engines, v):
-            for e in engines:
-                await e.load_weights([], v)
-            return {"bytes": 0}
-
-        await self.proxy.suspend()
-        await self.proxy.update_weights(push, version)
-        await self.proxy.resume()
-        await self.buffer.set_version(version)
-        await self.scheduler.on_version(version)
-
-    async def close(self) -> None:
-        await self.scheduler.stop()
-        await self.proxy.close()
-        self.executor.shutdown(wait=False, cancel_futures=True)
+def scripted_engines(engine_cfg: ScriptedEngineConfig, num_engines: int = 2) -> list[ScriptedEngine]:
+    return [ScriptedEngine(engine_cfg, seed=i) for i in range(num_engines)]
 
 
 def build_stack(formatter: ChatFormatter, rollout: RolloutConfig, specs: list[EnvSpec],
-                engine_cfg: ScriptedEngineConfig, num_engines: int = 2) -> Stack:
-    proxy = make_proxy(engine_cfg, num_engines)
-    buffer = SampleBuffer(rollout)
-    executor = ThreadPoolExecutor(rollout.env_threads)
-
-    def manager(env_id, spec):
-        return EnvManager(env_id, spec, formatter, proxy, rollout, executor)
-
-    return Stack(proxy, buffer, GroupScheduler(rollout, specs, buffer, manager, seed=0), executor)
+                engine_cfg: ScriptedEngineConfig, num_engines: int = 2) -> RolloutStack:
+    return build_rollout(formatter, rollout, specs, scripted_engines(engine_cfg, num_engines), ProxyConfig())
 
 
-async def consume(stack: Stack, batches: int, on_batch=None) -> tuple[float, list[float]]:
+async def consume(stack: RolloutStack, batches: int, on_batch=None) -> tuple[float, list[float]]:
     """Play the trainer with zero training time: take `batches` batches, bumping the version
     after each like the controller. Returns (wall seconds from scheduler start, per-batch
     fill times: from the moment the previous version was live to the batch being ready)."""
@@ -89,7 +51,7 @@ async def consume(stack: Stack, batches: int, on_batch=None) -> tuple[float, lis
             fills.append(time.perf_counter() - live)
             if on_batch is not None:
                 on_batch(v, batch)
-            await stack.bump(v + 1)
+            await stack.update_weights(v + 1)
             live = time.perf_counter()
         return time.perf_counter() - start, fills
     finally:

@@ -27,7 +27,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.common import build_stack, consume, make_formatter, make_proxy, result_line, sim_spec, table  # noqa: E402
+from benchmarks.common import (build_stack, consume, make_formatter, result_line, scripted_engines, sim_spec,  # noqa: E402
+                               table)
+from roll_agent.proxy.llm_proxy import LLMProxy  # noqa: E402
 from envs.simulated import SimulatedEnv  # noqa: E402
 from roll_agent.config import RolloutConfig, ScriptedEngineConfig  # noqa: E402
 from roll_agent.rollout.envs import make_env  # noqa: E402
@@ -72,7 +74,7 @@ async def sync_batch(proxy, formatter, envs, seeds, cfg: RolloutConfig) -> list[
 
 async def run_sync(formatter, spec, engine_cfg, cfg, n, batches, seed) -> tuple[float, int]:
     """Returns (seconds, env steps of the finished episodes)."""
-    proxy = make_proxy(engine_cfg)
+    proxy = LLMProxy(scripted_engines(engine_cfg))
     envs = [make_env(spec) for _ in range(n)]
     rng = random.Random(seed)
     steps = 0

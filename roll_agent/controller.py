@@ -18,14 +18,13 @@ from roll_agent.checkpoint import Checkpointer
 from roll_agent.config import CheckpointConfig, EvalConfig
 from roll_agent.metrics import MetricsLogger
 from roll_agent.rollout.evaluate import evaluate, summarize
+from roll_agent.rollout.stack import RolloutStack
 from roll_agent.types import Group
 
 
 @dataclass
 class Components:
-    proxy: object
-    scheduler: object
-    buffer: object
+    rollout: RolloutStack
     trainer: object
     weight_sync: object
     eval_managers: list
@@ -47,26 +46,18 @@ class AsyncController:
         self._last_time = time.perf_counter()
 
     async def sync_weights(self, version: int) -> dict:
-        p = self.p
-        await p.proxy.suspend()
-        try:
-            report = await p.proxy.update_weights(p.weight_sync.push, version)
-        finally:
-            await p.proxy.resume()
-        await p.buffer.set_version(version)
-        await p.scheduler.on_version(version)
-        return report
+        return await self.p.rollout.update_weights(version, self.p.weight_sync.push)
 
     async def run(self) -> int:
-        p = self.p
+        p, rollout = self.p, self.p.rollout
         step = p.trainer.version
         if step == 0:
             await self._evaluate(step)
-        p.scheduler.start()
+        rollout.scheduler.start()
         try:
             while step < self.max_steps:
                 t0 = time.perf_counter()
-                batch = await p.buffer.get_batch(p.trainer.version)
+                batch = await rollout.buffer.get_batch(p.trainer.version)
                 t1 = time.perf_counter()
                 metrics = await asyncio.to_thread(p.trainer.step, batch)
                 sync = await self.sync_weights(p.trainer.version)
@@ -80,14 +71,14 @@ class AsyncController:
                 if self.eval_cfg.every and step % self.eval_cfg.every == 0 and step < self.max_steps:
                     await self._evaluate(step)
         finally:
-            await p.scheduler.stop()
+            await rollout.scheduler.stop()
         await self._evaluate(step)
         self.save(step)
         return step
 
     def save(self, step: int) -> None:
         p = self.p
-        extra = {"buffer": p.buffer.state_dict(), "scheduler": p.scheduler.state_dict()}
+        extra = {"buffer": p.rollout.buffer.state_dict(), "scheduler": p.rollout.scheduler.state_dict()}
         self.checkpointer.save(step, p.trainer, p.tokenizer, extra)
 
     async def _evaluate(self, step: int) -> None:
@@ -104,14 +95,14 @@ class AsyncController:
         out.update(staleness_mean=sum(stale) / len(stale), staleness_max=float(max(stale)),
                    invalid_action_rate=sum(t.metrics.get("invalid_actions", 0) for t in trajs)
                    / max(sum(t.num_turns for t in trajs), 1))
-        counts = self.p.scheduler.counts
+        counts = self.p.rollout.scheduler.counts
         for key in ("started", "finished", "truncated", "aborted", "env_error"):
             out[f"episodes_{key}"] = counts.get(key, 0) - self._last_counts.get(key, 0)
         out["env_errors"] = out.pop("episodes_env_error")
         self._last_counts = dict(counts)
-        out["dropped_stale"] = self.p.buffer.stats["episodes_dropped_stale"]
+        out["dropped_stale"] = self.p.rollout.buffer.stats["episodes_dropped_stale"]
         now = time.perf_counter()
-        tokens = self.p.proxy.stats["gen_tokens"]
+        tokens = self.p.rollout.proxy.stats["gen_tokens"]
         out["gen_tokens_per_s"] = (tokens - self._last_tokens) / max(now - self._last_time, 1e-9)
         self._last_tokens, self._last_time = tokens, now
         return out

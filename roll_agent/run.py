@@ -8,7 +8,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import torch
@@ -20,11 +19,8 @@ from roll_agent.config import Config, ConfigError, load_config, to_yaml
 from roll_agent.controller import AsyncController, Components
 from roll_agent.metrics import MetricsLogger, plot_curves
 from roll_agent.proxy.engines import make_engines
-from roll_agent.proxy.llm_proxy import LLMProxy
-from roll_agent.rollout.buffer import SampleBuffer
 from roll_agent.rollout.chat import ChatFormatter
-from roll_agent.rollout.env_manager import EnvManager
-from roll_agent.rollout.groups import GroupScheduler
+from roll_agent.rollout.stack import build_rollout
 from roll_agent.tiny_model import build_tiny_model, env_corpus
 from roll_agent.train.trainer import TorchTrainer
 from roll_agent.train.warmup import run_warmup
@@ -61,20 +57,13 @@ async def train(cfg: Config) -> int:
         run_warmup(trainer, cfg.envs, formatter, cfg.warmup, cfg.rollout, cfg.seed, log=logger.log)
 
     engines = make_engines(cfg.engine, cfg.model, model_path, seed=cfg.seed)
-    proxy = LLMProxy(engines, cfg.proxy, version=trainer.version)
-    weight_sync = InProcessSync(trainer.named_weights)
-    buffer = SampleBuffer(cfg.rollout, version=trainer.version)
-    executor = ThreadPoolExecutor(cfg.rollout.env_threads, thread_name_prefix="env")
-
-    def manager(env_id, spec):
-        return EnvManager(env_id, spec, formatter, proxy, cfg.rollout, executor)
-
-    scheduler = GroupScheduler(cfg.rollout, cfg.envs, buffer, manager, seed=cfg.seed)
+    rollout = build_rollout(formatter, cfg.rollout, cfg.envs, engines, cfg.proxy, cfg.seed, trainer.version)
     if extra is not None:
-        buffer.load_state_dict(extra["buffer"])
-        scheduler.load_state_dict(extra["scheduler"])
-    eval_managers = [manager(f"eval-{s.name}-{i}", s) for s in cfg.envs for i in range(min(cfg.eval.num_episodes, 16))]
-    parts = Components(proxy, scheduler, buffer, trainer, weight_sync, eval_managers, tokenizer)
+        rollout.buffer.load_state_dict(extra["buffer"])
+        rollout.scheduler.load_state_dict(extra["scheduler"])
+    eval_managers = [rollout.env_manager(f"eval-{s.name}-{i}", s)
+                     for s in cfg.envs for i in range(min(cfg.eval.num_episodes, 16))]
+    parts = Components(rollout, trainer, InProcessSync(trainer.named_weights), eval_managers, tokenizer)
     controller = AsyncController(parts, logger, checkpointer, cfg.max_steps, cfg.checkpoint, cfg.eval)
     try:
         await controller.sync_weights(trainer.version)  # engines serve the (warm-started / resumed) weights
@@ -82,8 +71,7 @@ async def train(cfg: Config) -> int:
     finally:
         for m in eval_managers:
             await m.close()
-        await proxy.close()
-        executor.shutdown(wait=False, cancel_futures=True)
+        await rollout.close()
         logger.close()
         if cfg.logging.plot and (out / "metrics.jsonl").exists():
             plot_curves(out / "metrics.jsonl", out / "curves.png")

@@ -33,7 +33,7 @@ def test_group_completes_at_group_size_and_cancels_the_redundant(formatter):
     assert counts["groups_stale"] == 0 and counts["groups_failed"] == 0
     # every group that completed reached the buffer (none discarded for its cancelled redundant envs)
     assert counts["groups_put"] >= 4 * rollout.groups_per_batch
-    aborted_requests = [rid for e in stack.engines for rid in e.aborted_ids]
+    aborted_requests = [rid for e in stack.proxy.engines for rid in e.aborted_ids]
     assert aborted_requests, "cancelled episodes must abort their engine requests"
     assert stack.proxy.num_inflight == 0
 

@@ -1,0 +1,66 @@
+"""The rollout half of the system, assembled: LLMProxy, one EnvManager per env in
+groups, the GroupScheduler and the SampleBuffer, plus the thread pool for blocking envs.
+The training run, the tests and the benchmarks all build it here."""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Awaitable, Callable
+
+from roll_agent.config import EnvSpec, ProxyConfig, RolloutConfig
+from roll_agent.proxy.llm_proxy import LLMProxy
+from roll_agent.rollout.buffer import SampleBuffer
+from roll_agent.rollout.chat import ChatFormatter
+from roll_agent.rollout.env_manager import EnvManager
+from roll_agent.rollout.groups import GroupScheduler
+
+Push = Callable[[list, int], Awaitable[dict]]
+
+
+async def _no_weights(engines: list, version: int) -> dict:
+    for engine in engines:
+        await engine.load_weights([], version)
+    return {"bytes": 0}
+
+
+@dataclass
+class RolloutStack:
+    proxy: LLMProxy
+    buffer: SampleBuffer
+    scheduler: GroupScheduler
+    executor: ThreadPoolExecutor
+    formatter: ChatFormatter
+    cfg: RolloutConfig
+
+    def env_manager(self, env_id: str, spec: EnvSpec) -> EnvManager:
+        return EnvManager(env_id, spec, self.formatter, self.proxy, self.cfg, self.executor)
+
+    async def update_weights(self, version: int, push: Push = _no_weights) -> dict:
+        """Suspend -> push weights -> resume; then admission widens and stale groups are cancelled."""
+        await self.proxy.suspend()
+        try:
+            report = await self.proxy.update_weights(push, version)
+        finally:
+            await self.proxy.resume()
+        await self.buffer.set_version(version)
+        await self.scheduler.on_version(version)
+        return report
+
+    async def close(self) -> None:
+        await self.scheduler.stop()
+        await self.proxy.close()
+        self.executor.shutdown(wait=False, cancel_futures=True)
+
+
+def build_rollout(formatter: ChatFormatter, cfg: RolloutConfig, specs: list[EnvSpec], engines: list,
+                  proxy_cfg: ProxyConfig | None = None, seed: int = 0, version: int = 0) -> RolloutStack:
+    proxy = LLMProxy(engines, proxy_cfg, version=version)
+    buffer = SampleBuffer(cfg, version=version)
+    executor = ThreadPoolExecutor(cfg.env_threads, thread_name_prefix="env")
+
+    def manager(env_id: str, spec: EnvSpec) -> EnvManager:
+        return EnvManager(env_id, spec, formatter, proxy, cfg, executor)
+
+    scheduler = GroupScheduler(cfg, specs, buffer, manager, seed=seed)
+    return RolloutStack(proxy, buffer, scheduler, executor, formatter, cfg)
