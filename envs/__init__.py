@@ -24,6 +24,35 @@ BUILTIN_ENVS: dict[str, tuple[str, dict[str, Any]]] = {
     "roll_agent/CliffWalking-v0": ("envs.text_adapter:ToyTextEnv", {"game": "CliffWalking", "max_steps": 200}),
     "roll_agent/Blackjack-v0": ("envs.text_adapter:ToyTextEnv", {"game": "Blackjack"}),
     "roll_agent/Simulated-v0": ("envs.simulated:SimulatedEnv", {}),
+    "roll_agent/Calculator-v0": ("envs.tool_use:CalculatorEnv", {"max_steps": 6}),
+    # TextWorld games generated per seed (and cached) by textworld's own challenge generators.
+    "roll_agent/TextWorld-v0": (
+        "envs.textworld_env:TextWorldEnv",
+        {"challenge": "tw-coin_collector", "level": None, "settings": None, "cache_dir": None, "num_games": None,
+         "max_steps": None},
+    ),
+    "roll_agent/TWCoinCollector-v0": (
+        "envs.textworld_env:TextWorldEnv",
+        {"challenge": "tw-coin_collector", "level": 1},
+    ),
+    "roll_agent/TWTreasureHunter-v0": (
+        "envs.textworld_env:TextWorldEnv",
+        {"challenge": "tw-treasure_hunter", "level": 1},
+    ),
+    "roll_agent/TWSimple-v0": (
+        "envs.textworld_env:TextWorldEnv",
+        {"challenge": "tw-simple", "settings": {"rewards": "dense", "goal": "detailed"}},
+    ),
+    "roll_agent/TWCooking-v0": (
+        "envs.textworld_env:TextWorldEnv",
+        {"challenge": "tw-cooking", "settings": {"recipe": 1, "take": 1, "go": 1}},
+    ),
+    # ALFWorld games from a data dir in ALFWorld's layout (data_dir=None: $ALFWORLD_DATA).
+    "roll_agent/ALFWorld-v0": (
+        "envs.alfworld_env:ALFWorldEnv",
+        {"data_dir": None, "split": "valid_unseen", "task_types": None, "num_games": None, "expert": "handcoded",
+         "max_steps": None},
+    ),
 }
 
 

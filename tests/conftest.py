@@ -1,9 +1,14 @@
 import asyncio
 import os
+from pathlib import Path
 
 import pytest
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# the one real ALFWorld game shipped beside the repository (../shared/data/alfworld)
+_ALFWORLD = Path(__file__).resolve().parents[2] / "shared" / "data" / "alfworld"
+if _ALFWORLD.is_dir():
+    os.environ.setdefault("ALFWORLD_DATA", str(_ALFWORLD))
 
 
 @pytest.fixture(scope="session")

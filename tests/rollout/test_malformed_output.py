@@ -17,7 +17,7 @@ from tests.conftest import run
 OUTPUTS = ["", "zzz qqq", "x" * 10_000, "ÄÖÜ 漢字 🤖 \u200b\u202e", '<tool_call>{"name": "move", "arguments": {',
            "\x00\x01\x02", "left right up down " * 50]
 IDS = [i for i in envs.registered_ids() if i.split("/")[1].split("-")[0] in
-       ("FrozenLake", "Sokoban", "Taxi", "CliffWalking", "Blackjack")]
+       ("FrozenLake", "Sokoban", "Taxi", "CliffWalking", "Blackjack", "Calculator")]
 
 
 @pytest.mark.parametrize("env_id", IDS)
