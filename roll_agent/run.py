@@ -31,8 +31,9 @@ def prepare_model(cfg: Config, out: Path) -> str:
     """A user's checkpoint, or the tiny model built from the envs' own text."""
     if cfg.model.path:
         return cfg.model.path
-    corpus = env_corpus(cfg.envs, seed=cfg.seed)
-    return str(build_tiny_model(out / "base_model", cfg.model.tiny, corpus, seed=cfg.seed))
+    corpus = lambda: env_corpus(cfg.envs, seed=cfg.seed)  # noqa: E731
+    key = [(s.id, s.kwargs) for s in cfg.envs]
+    return str(build_tiny_model(out / "base_model", cfg.model.tiny, corpus, seed=cfg.seed, key=key))
 
 
 async def train(cfg: Config) -> int:

@@ -12,6 +12,7 @@ import json
 import os
 import random
 from pathlib import Path
+from typing import Callable
 
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
@@ -82,14 +83,20 @@ def build_tokenizer(corpus: list[str], vocab_size: int) -> PreTrainedTokenizerFa
     return fast
 
 
-def build_tiny_model(out_dir: str | os.PathLike, cfg: TinyModelConfig, corpus: list[str], seed: int = 0) -> Path:
-    """Write tokenizer + randomly initialised model to `out_dir` (reused if already built with `cfg`)."""
+def build_tiny_model(out_dir: str | os.PathLike, cfg: TinyModelConfig, corpus: Callable[[], list[str]],
+                     seed: int = 0, key: object = None) -> Path:
+    """Write tokenizer + randomly initialised model to `out_dir`.
+
+    Reused when already built from the same `cfg`, `seed` and `key` (what the corpus is
+    made from): the corpus, which plays env episodes, is only produced on a miss.
+    """
     out = Path(out_dir)
-    fingerprint = {"cfg": vars(cfg), "seed": seed, "corpus_size": len(corpus)}
+    fingerprint = json.loads(json.dumps({"cfg": vars(cfg), "seed": seed, "key": key}, default=str))
     marker = out / MARKER
     if marker.exists() and json.loads(marker.read_text()) == fingerprint:
         return out
     out.mkdir(parents=True, exist_ok=True)
+    corpus = corpus()
     tokenizer = build_tokenizer(corpus, cfg.vocab_size)
     model_type = {"Qwen2ForCausalLM": "qwen2", "LlamaForCausalLM": "llama"}.get(cfg.architecture)
     if model_type is None:

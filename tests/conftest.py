@@ -33,7 +33,7 @@ def tiny_model_dir(tmp_path_factory):
     from roll_agent.tiny_model import build_tiny_model, env_corpus
 
     out = tmp_path_factory.mktemp("tiny_model")
-    corpus = env_corpus([EnvSpec()], episodes_per_env=8)
+    corpus = lambda: env_corpus([EnvSpec()], episodes_per_env=8)  # noqa: E731
     return str(build_tiny_model(out, TinyModelConfig(vocab_size=400, hidden_size=64, intermediate_size=128), corpus))
 
 

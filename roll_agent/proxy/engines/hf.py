@@ -101,7 +101,7 @@ class HFEngine:
                     if not item.future.done():
                         item.future.set_exception(exc)
 
-    @torch.no_grad()
+    @torch.inference_mode()
     def _decode(self, batch: list[_Pending]) -> None:
         with self._lock:
             self._decode_locked(batch)

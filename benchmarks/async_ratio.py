@@ -1,0 +1,157 @@
+"""Trained samples/s against the async ratio: the real `train(cfg)`, side by side.
+
+Setting (ROLL Flash's agentic case, scaled to a 2-core CPU): a tiny Qwen2 built by the
+project (hidden 192, 2 layers) on the `hf` engine, trained by the `torch` trainer
+(GRPO + decoupled PPO) on the simulated env: episodes of 2..4 turns, step latency
+N(mu, sigma = mu), mu = 0.5 s, clipped at 0. Default topology, pinned: 6 env groups
+of 4 + 1 redundant env, 4 groups (16 episodes) per step; eval, warm-up, checkpoints
+and logging off; runtime.torch_threads=1 (torch's default, one thread per core for
+each of the trainer and engine threads, oversubscribes the 2 cores badly).
+Generation waits on the envs, as in agentic RL: a turn costs ~20-50 ms of engine CPU,
+an env step ~500 ms. Synchronously (ratio 0) a step is ~2.5 s: ~2.2 s rollout (the
+first 4 of 6 groups to finish) and ~0.35 s training, the rollout-dominated split
+ROLL Flash reports for agentic tasks (> 70% rollout). Training is not grown further
+on purpose: trainer and engine share two cores (and a GIL) here instead of separate
+GPU pools, and a bigger model (hidden 256) made the async runs CPU-bound (1.1-1.35x
+in our runs).
+
+Every ratio in {0, 1, 2, 4, 8} runs the same config (own output_dir) in one process;
+rounds repeat the sweep in rotated order against drift on a noisy machine. samples/s
+= episodes trained in steps `skip+1..N` / sum of those steps' `time_step_s` (batch
+wait + train + weight sync: the loop's wall time). Rates pool all rounds; cpu/step
+is the process's CPU seconds per step (all threads, setup included): a check on CPU
+starvation, read with the load average printed beside it.
+
+The base model is built once with the project's own builder (`build_tiny_model` over
+`env_corpus`) from a latency-free copy of the env spec and passed as `model.path`:
+`env_corpus` plays its corpus episodes with the env's real step latency (~25 s for
+this env), which `train()` would otherwise pay again in every run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import resource
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.common import SIM_ID, result_line, table  # noqa: E402
+from roll_agent.config import Config, EnvSpec, load_config  # noqa: E402
+from roll_agent.run import train  # noqa: E402
+from roll_agent.tiny_model import build_tiny_model, env_corpus  # noqa: E402
+
+RATIOS = (0, 1, 2, 4, 8)
+
+
+def env_kwargs(mean_s: float) -> dict:
+    return dict(latency="normal", mean_s=mean_s, std_s=mean_s, episode_len=4, min_len=2)
+
+
+def make_config(ratio: int, out: Path, args) -> Config:
+    # every knob that shapes the run is pinned here, so drifting defaults cannot change the setting
+    cfg = load_config(None, [
+        f"output_dir={out}", f"max_steps={args.steps}", f"rollout.async_ratio={ratio}",
+        "rollout.num_env_groups=6", "rollout.groups_per_batch=4", "rollout.group_size=4",
+        "rollout.group_size_redundancy=1", "rollout.max_turns=8", "rollout.max_new_tokens=8",
+        "engine.type=hf", "engine.num_engines=1", "trainer.micro_batch_size=8", "trainer.updates_per_batch=1",
+        f"model.tiny.hidden_size={args.hidden}", f"model.tiny.intermediate_size={args.hidden * 8 // 3}",
+        f"model.tiny.num_hidden_layers={args.layers}", f"runtime.torch_threads={args.threads}",
+        "warmup.sft_steps=0", "eval.num_episodes=0", "checkpoint.every=0",
+        "logging.progress=false", "logging.tensorboard=false", "logging.plot=false",
+    ])
+    cfg.envs = [EnvSpec(id=SIM_ID, kwargs=env_kwargs(args.mean_s))]
+    return cfg
+
+
+def build_model(root: Path, args) -> str:
+    cfg = make_config(0, root / "unused", args)
+    spec = EnvSpec(id=SIM_ID, kwargs=env_kwargs(0.0) | {"latency": "none"})
+    return str(build_tiny_model(root / "base_model", cfg.model.tiny, lambda: env_corpus([spec], seed=cfg.seed),
+                                seed=cfg.seed))
+
+
+def run_one(ratio: int, root: Path, model_path: str, args, tag: str) -> dict:
+    out = root / f"ratio{ratio}-{tag}"
+    cfg = make_config(ratio, out, args)
+    cfg.model.path = model_path
+    cpu0 = cpu_seconds()
+    asyncio.run(train(cfg))
+    cpu = cpu_seconds() - cpu0
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    rows = [r for r in rows if "time_step_s" in r][args.skip:]
+    return {"episodes": sum(r["episodes"] for r in rows), "seconds": sum(r["time_step_s"] for r in rows),
+            "stale": [r["staleness_mean"] for r in rows], "train": [r["time_train_s"] for r in rows],
+            "wait": [r["time_wait_data_s"] for r in rows], "dropped": rows[-1]["dropped_stale"],
+            "cpu_per_step": [cpu / args.steps]}
+
+
+def cpu_seconds() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="one short round (< 90 s): a smoke test, noisy")
+    ap.add_argument("--rounds", type=int, default=None, help="sweeps over all ratios (default 3, quick 1)")
+    ap.add_argument("--steps", type=int, default=None, help="training steps per run (default 12, quick 5)")
+    ap.add_argument("--skip", type=int, default=2, help="warm-up steps left out of the rates")
+    ap.add_argument("--budget-s", type=float, default=420.0, help="start no round that would end past this")
+    ap.add_argument("--mean-s", type=float, default=0.5, help="mean (= std) env step latency, seconds")
+    ap.add_argument("--hidden", type=int, default=192)
+    ap.add_argument("--layers", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=1, help="runtime.torch_threads (1: trainer and engine "
+                    "threads each get one core; torch's default oversubscribes 2 cores)")
+    args = ap.parse_args()
+    rounds = args.rounds or (1 if args.quick else 3)
+    args.steps = args.steps or (5 if args.quick else 12)
+
+    start, load0 = time.perf_counter(), os.getloadavg()[0]
+    results: dict[int, list[dict]] = {r: [] for r in RATIOS}
+    with tempfile.TemporaryDirectory(prefix="async_ratio_") as tmp:
+        root = Path(tmp)
+        model_path = build_model(root, args)
+        for rnd in range(rounds):
+            t0 = time.perf_counter()
+            order = RATIOS[rnd % len(RATIOS):] + RATIOS[:rnd % len(RATIOS)]  # rotate against drift
+            for ratio in order:
+                t1 = time.perf_counter()
+                results[ratio].append(run_one(ratio, root, model_path, args, f"r{rnd}"))
+                last = results[ratio][-1]
+                print(f"round {rnd} ratio {ratio}: {last['episodes'] / last['seconds']:.2f} samples/s "
+                      f"(run {time.perf_counter() - t1:.0f} s)", flush=True)
+            elapsed, took = time.perf_counter() - start, time.perf_counter() - t0
+            if rnd + 1 < rounds and elapsed + took > args.budget_s:
+                print(f"stopping after {rnd + 1} rounds: another would pass --budget-s={args.budget_s:.0f}")
+                break
+
+    def pooled(ratio: int, key: str) -> float:
+        return statistics.fmean(x for res in results[ratio] for x in res[key])
+
+    rate = {r: sum(x["episodes"] for x in results[r]) / sum(x["seconds"] for x in results[r]) for r in RATIOS}
+    per_round = {r: [x["episodes"] / x["seconds"] for x in results[r]] for r in RATIOS}
+    rows = [(r, rate[r], rate[r] / rate[0], pooled(r, "stale"), pooled(r, "train"), pooled(r, "wait"),
+             pooled(r, "cpu_per_step"), sum(x["dropped"] for x in results[r]),
+             " ".join(f"{v:.2f}" for v in per_round[r])) for r in RATIOS]
+    n = len(results[0])
+    print(f"\n{n} round(s) x {args.steps} steps (first {args.skip} skipped); env N({args.mean_s}, {args.mean_s}) "
+          f"2..4 turns; model hidden={args.hidden} layers={args.layers}; torch_threads={args.threads}; "
+          f"{time.perf_counter() - start:.0f} s; load average {load0:.1f} -> {os.getloadavg()[0]:.1f} "
+          f"on {os.cpu_count()} cores")
+    print(table(rows, ("ratio", "samples/s", "x ratio 0", "staleness", "train_s", "wait_s", "cpu/step",
+                       "dropped", "per round")))
+    print(result_line(speedup_2_vs_0=rate[2] / rate[0], speedup_2_vs_8=rate[2] / rate[8],
+                      speedup_1_vs_0=rate[1] / rate[0], speedup_8_vs_0=rate[8] / rate[0],
+                      sps_0=rate[0], sps_2=rate[2], rounds=n))
+
+
+if __name__ == "__main__":
+    main()
