@@ -77,7 +77,7 @@ def find_games(data_dir: str | Path, split: str, task_types: list[str]) -> list[
 
 # -- the engine's translation, done once per game ---------------------------------------------
 
-_TRANSLATE_LOCK = threading.RLock()
+_TRANSLATE_LOCK = threading.RLock()  # also serialises every engine call (see ALFWorldEnv._load)
 
 
 class _MemoDownward:
@@ -184,6 +184,12 @@ class ALFWorldEnv(CommandGameEnv):
         self._env = AlfredInfos(AlfredDemangler(self._pddl, shuffle=False))
 
     def _load(self, seed: int | None) -> tuple[str, list[str], str]:
+        # the PDDL engine (libdownward through ctypes) keeps process-global state: envs
+        # stepped in parallel threads crash the process, so every engine call is serialised
+        with _TRANSLATE_LOCK:
+            return self._load_locked(seed)
+
+    def _load_locked(self, seed: int | None) -> tuple[str, list[str], str]:
         index = seed if seed is not None else int(self.np_random.integers(2**31))
         game = self.games[index % len(self.games)]
         if self._env is None:
@@ -209,6 +215,10 @@ class ALFWorldEnv(CommandGameEnv):
         return feedback, admissible, instructions
 
     def _send(self, command: str) -> tuple[str, list[str], bool, bool, float]:
+        with _TRANSLATE_LOCK:
+            return self._send_locked(command)
+
+    def _send_locked(self, command: str) -> tuple[str, list[str], bool, bool, float]:
         self._state, _, _ = self._env.step(command)
         if self._handcoded is not None:
             self._advise(command)
@@ -237,12 +247,13 @@ class ALFWorldEnv(CommandGameEnv):
     def close(self) -> None:
         self._closed = True
         env, self._env = self._env, None
-        if env is not None:
-            import fast_downward
-
+        if env is None:
+            return
+        with _TRANSLATE_LOCK:
             env.close()
-            # PddlEnv loads a private copy of libdownward.so and never unloads it.
-            fast_downward.close_lib(self._pddl.downward_lib)
+            # PddlEnv loads a private copy of libdownward.so. Unloading it here
+            # (fast_downward.close_lib) crashes the interpreter at exit, so the copy stays
+            # loaded until the process ends: one small leak per env instance.
             self._pddl = None
 
 

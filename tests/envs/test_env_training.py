@@ -15,9 +15,7 @@ from tests.conftest import run
 from tests.test_run import small_cfg
 
 ROOT = Path(__file__).parent.parent.parent
-# envs whose registration needs optional packages get their own smoke tests
-OPTIONAL = ("roll_agent/TextWorld", "roll_agent/TW", "roll_agent/ALFWorld")
-IDS = [i for i in envs.registered_ids() if not i.startswith(OPTIONAL)]
+IDS = envs.registered_ids()
 
 
 @pytest.mark.slow
