@@ -1,6 +1,5 @@
 """The whole system end to end: `python -m roll_agent.run` on small settings."""
 
-import json
 import os
 import signal
 import subprocess

@@ -1,7 +1,6 @@
 """Malformed model output (garbage, empty, huge, odd unicode, broken tool calls) gets the
 env's invalid-action handling and never ends an episode with an error."""
 
-import asyncio
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest

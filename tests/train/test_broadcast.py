@@ -1,6 +1,5 @@
 """Bucketed torch.distributed broadcast (gloo) moves a real model's weights between processes."""
 
-import os
 import socket
 
 import torch

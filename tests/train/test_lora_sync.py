@@ -1,6 +1,5 @@
 """LoRA: adapters trained, only adapters synced, and the engine then matches the merged model."""
 
-import asyncio
 
 import torch
 from transformers import AutoModelForCausalLM
