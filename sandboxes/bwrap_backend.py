@@ -144,6 +144,12 @@ class BwrapSandbox(SandboxBase):
                 os.close(w)
             c = procs.collect(proc, t0=t0, timeout=timeout or self.config.timeout,
                               limit=self.config.max_output_bytes, on_exit=self._untrack)
+        except SandboxError:
+            raise
+        except Exception as exc:
+            if self._closed:  # close() tore the sandbox down under this exec (pipes, procs)
+                raise SandboxError(f"sandbox closed during exec: {type(exc).__name__}: {exc}") from exc
+            raise
         finally:
             self._end()
         return ExecResult(c.returncode, c.out.text(), c.timed_out, c.duration_s)

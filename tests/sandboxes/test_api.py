@@ -171,7 +171,7 @@ def test_close_during_exec_stops_it(make, host_guard):
     def run():
         try:
             outcome["result"] = sb.exec("sleep 30", timeout=60)
-        except SandboxError as e:  # docker: the container went away under the call
+        except SandboxError as e:  # the sandbox went away under the call
             outcome["error"] = e
 
     t = threading.Thread(target=run)
