@@ -196,3 +196,16 @@ def swe_instance(swe_project, swe_image) -> SWEInstance:
 @pytest.fixture(scope="session")
 def swe_patches(swe_project) -> dict[str, str]:
     return swe_project.patches
+
+
+@pytest.fixture(scope="session")
+def swe_bwrap() -> None:
+    """bwrap with the base rootfs (the bwrap grading sandbox's root); skips like the docker fixture."""
+    import shutil
+
+    from sandboxes.build_image import rootfs_path
+
+    if shutil.which("bwrap") is None:
+        unavailable("bubblewrap is not installed (apt-get install -y bubblewrap)")
+    if not rootfs_path().is_dir():
+        unavailable(f"no base rootfs at {rootfs_path()} (build it as root: python -m sandboxes.build_image)")
