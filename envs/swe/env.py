@@ -19,6 +19,7 @@ SWEEpisodeError (the rollout records the episode as `env_error`) and `env.status
 from __future__ import annotations
 
 import json
+import logging
 import shlex
 from typing import Any
 
@@ -27,6 +28,7 @@ import gymnasium
 from envs.swe.instance import SWEInstance, load_instances
 from envs.swe.tools import MAX_ACTION_CHARS, TOOL_SCHEMAS, ToolCallError, Tools, ToolsConfig, describe_tools, parse_action, truncate
 
+log = logging.getLogger(__name__)
 # Any BMP character but surrogates: code and logs are not ASCII. Others become U+FFFD.
 CHARSET = "".join(map(chr, range(9, 11))) + "".join(chr(c) for c in range(32, 0x10000)
                                                      if not 0xD800 <= c <= 0xDFFF)
@@ -68,7 +70,10 @@ class SWEEnv(gymnasium.Env):
                              "(e.g. data/swe_tasks/tasks.jsonl; make one with `python -m roll_agent.swe_tasks make`)")
         if sandbox not in ("docker", "bwrap"):
             raise ValueError(f"sandbox={sandbox!r}: use 'docker' or 'bwrap'")
-        self.instances = select_instances(load_instances(dataset), instance_ids, dataset)
+        instances, malformed = load_instances(dataset, errors="collect")
+        if malformed:  # one bad line should not stop a run over the rest
+            log.warning("%s: skipping %d malformed task line(s), e.g. %s", dataset, len(malformed), malformed[0].reason)
+        self.instances = select_instances(instances, instance_ids, dataset)
         self.sandbox_backend = sandbox
         self.sandbox_options = dict(sandbox_options or {})
         self.max_steps = max_steps
