@@ -47,6 +47,7 @@ class TinyModelConfig:
     num_attention_heads: int = 4
     num_key_value_heads: int = 2
     max_position_embeddings: int = 2048
+    corpus_episodes: int = 24  # env episodes per env whose text trains the tokenizer (fewer: slow envs)
 
 
 @dataclass

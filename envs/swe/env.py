@@ -64,7 +64,8 @@ class SWEEnv(gymnasium.Env):
     def __init__(self, dataset: str | None = None, instance_ids: list[str] | None = None, sandbox: str = "docker",
                  sandbox_options: dict[str, Any] | None = None, max_steps: int = 20,
                  tools: dict[str, Any] | None = None, partial_credit: bool = False,
-                 grade_options: dict[str, Any] | None = None, grade_on_submit: bool = True):
+                 grade_options: dict[str, Any] | None = None, grade_on_submit: bool = True,
+                 invalid_action_penalty: float = 0.0):
         if not dataset:
             raise ValueError("roll_agent/SWE-v0 needs dataset=PATH to a JSONL file of SWE-bench-schema tasks "
                              "(e.g. data/swe_tasks/tasks.jsonl; make one with `python -m roll_agent.swe_tasks make`)")
@@ -81,6 +82,7 @@ class SWEEnv(gymnasium.Env):
         self.partial_credit = partial_credit
         self.grade_options = dict(grade_options or {})
         self.grade_on_submit = grade_on_submit  # False: the episode only records its patch (graded later)
+        self.invalid_action_penalty = invalid_action_penalty  # per unparsable response (teaches the format)
         self.observation_space = gymnasium.spaces.Text(OBS_MAX_CHARS + 1000, charset=CHARSET)
         self.action_space = gymnasium.spaces.Text(ACTION_MAX_CHARS, charset=CHARSET)
         self.instance: SWEInstance | None = None
@@ -132,9 +134,11 @@ class SWEEnv(gymnasium.Env):
             raise SWEEpisodeError("sandbox_error", f"the sandbox died: {exc}") from exc
 
     def _next(self, observation: str, invalid: bool):
+        penalty = self.invalid_action_penalty if invalid else 0.0
         if self._steps >= self.max_steps:  # the turn limit submits the work so far
-            return self._finish("turn_limit")
-        return clean(observation), 0.0, False, False, self._info(False, invalid)
+            obs, reward, terminated, truncated, info = self._finish("turn_limit")
+            return obs, reward + penalty, terminated, truncated, {**info, "invalid_action": invalid}
+        return clean(observation), penalty, False, False, self._info(False, invalid)
 
     def _finish(self, how: str):
         patch = self.current_patch()
