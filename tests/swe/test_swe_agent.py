@@ -105,3 +105,60 @@ def test_policy_argument_forms(tiny_model_dir, tmp_path):
         policy_config(str(tmp_path / "missing"))
     with pytest.raises(FileNotFoundError, match="not a checkpoint"):
         policy_config(str(tmp_path))
+
+
+class ScriptedServer:
+    """An OpenAI-compatible completions server on 127.0.0.1 that plays SCRIPTS (text only)."""
+
+    def __init__(self, tokenizer):
+        import threading
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        self.requests = 0
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args):
+                pass
+
+            def do_POST(self):
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                prompt = tokenizer.decode(body["prompt"])
+                task = "minicalc__mul-2" if "task two" in prompt else "minicalc__mul-1"
+                action = SCRIPTS[task][prompt.count("<|im_start|>assistant") - 1]
+                server.requests += 1
+                data = json.dumps({"choices": [{"index": 0, "text": action, "finish_reason": "stop"}]}).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+@pytest.mark.docker
+@pytest.mark.slow
+def test_swe_eval_policy_mode_with_a_served_model(two_tasks, tokenizer, tmp_path):
+    """`--policy CONFIG` with engine.type=openai: the model is served elsewhere (here: a stub on 127.0.0.1)."""
+    tokenizer.save_pretrained(tmp_path / "tokenizer")  # the chat template and ids the rollout frames with
+    server = ScriptedServer(tokenizer)
+    config = tmp_path / "served.yaml"
+    config.write_text(
+        f"model: {{path: {tmp_path / 'tokenizer'}}}\n"
+        f"engine: {{type: openai, openai: {{base_url: '{server.url}', model: scripted, api_key_env: ''}}}}\n"
+        "rollout: {max_turns: 5, max_new_tokens: 512, max_context_tokens: 32768}\n")
+    try:
+        assert swe_eval.main(["--dataset", two_tasks, "--policy", str(config), "--workers", "2",
+                              "--output-dir", str(tmp_path / "eval")]) == 0
+    finally:
+        server.close()
+    assert server.requests == 5  # 3 turns + 2 turns
+    report = json.loads((tmp_path / "eval" / "report.json").read_text())
+    assert report["resolved_ids"] == ["minicalc__mul-1"] and report["unresolved_ids"] == ["minicalc__mul-2"]

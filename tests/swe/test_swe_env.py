@@ -236,3 +236,17 @@ def test_a_missing_dataset_or_task_is_a_clear_error(swe_project, tmp_path):
     with pytest.raises(ValueError, match="has no 'image'"):
         env.reset(seed=0)
     env.close()
+
+
+@pytest.mark.slow
+def test_an_episode_in_bwrap_from_a_local_repo(swe_project, swe_bwrap, tmp_path):
+    """No docker: the repo is copied into a bwrap sandbox on the base rootfs, then fixed and graded."""
+    path = tmp_path / "tasks.jsonl"
+    write_jsonl(path, [swe_project.instance.to_dict()])
+    env = gymnasium.make("roll_agent/SWE-v0", dataset=str(path), sandbox="bwrap", disable_env_checker=True)
+    try:
+        _, _, steps = play(env, [call("bash", command="git status --short && ls"), FIX, SUBMIT])
+        assert "calc" in steps[0][0]
+        assert steps[-1][1] == 1.0 and steps[-1][4]["grade_status"] == "resolved"
+    finally:
+        env.close()
