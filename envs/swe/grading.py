@@ -35,6 +35,7 @@ from .sources import prepare_sandbox
 RESOLVED, UNRESOLVED, ERROR, EMPTY_PATCH = "resolved", "unresolved", "error", "empty_patch"
 STATUSES = (RESOLVED, UNRESOLVED, ERROR, EMPTY_PATCH)
 STEP_TIMEOUT = 120.0  # seconds for each git/patch step (the test run gets `timeout`)
+INLINE_MAX = 96 * 1024  # bytes; one environment string may hold 128 KiB (MAX_ARG_STRLEN)
 MODEL_PATCH = "/tmp/roll_agent_model.patch"
 TEST_PATCH = "/tmp/roll_agent_test.patch"
 
@@ -134,10 +135,20 @@ class _Run:
 
     def run(self, model_patch: str, timeout: float, partial_credit: bool) -> GradeResult:
         inst = self.inst
-        r = self.step("checkout base_commit", _CHECKOUT, env={"BASE_COMMIT": inst.base_commit or "HEAD"})
+        env, writes = {"BASE_COMMIT": inst.base_commit or "HEAD"}, []
+        files = {MODEL_PATCH: model_patch if model_patch.endswith("\n") else model_patch + "\n",
+                 TEST_PATCH: inst.test_patch}
+        for k, (path, text) in enumerate(files.items()):
+            # small files travel in the first command's environment: a separate upload
+            # (docker put_archive) costs more than the whole command on a busy machine
+            if len(text.encode()) <= INLINE_MAX:
+                env[f"ROLL_AGENT_FILE{k}"] = text
+                writes.append(f'printf "%s" "$ROLL_AGENT_FILE{k}" > {path}')
+            else:
+                self.sb.write_file(path, text)
+        r = self.step("checkout base_commit", "; ".join([*writes, _CHECKOUT]), env=env)
         if not r.ok:
             return self.fail(f"malformed instance: cannot check out base_commit: {r.output.strip()[-300:]}")
-        self.sb.write_file(MODEL_PATCH, model_patch if model_patch.endswith("\n") else model_patch + "\n")
         for name, cmd in APPLY_METHODS:
             if self.step(f"apply model patch ({name})", cmd).ok:
                 self.result.apply_method = name
@@ -145,7 +156,6 @@ class _Run:
         else:
             return self.fail("patch does not apply (git apply, git apply --3way and patch --fuzz=5 all failed)")
         if inst.test_patch.strip():
-            self.sb.write_file(TEST_PATCH, inst.test_patch)
             restore = "; ".join(f"if git cat-file -e HEAD:{q} 2>/dev/null; then git checkout -q HEAD -- {q}; "
                                 f"else rm -rf -- {q}; fi" for q in map(shlex.quote, patch_files(inst.test_patch)))
             r = self.step("apply test_patch", f"{restore}; git apply --verbose {TEST_PATCH}")
@@ -167,16 +177,15 @@ def grade(instance: SWEInstance, model_patch: str | None, sandbox: str | Sandbox
     """Grade `model_patch` on `instance`; never raises for a bad patch, instance or sandbox.
 
     sandbox: a backend name ("docker" or "bwrap"; a fresh sandbox is made and closed),
-    or a sandbox from `prepare_sandbox(instance, ...)` that nothing else has used (taken
-    over and closed here; lets a caller start sandboxes ahead of time).
+    or a started sandbox from `prepare_sandbox(instance, ...)` that nothing else has
+    used; the caller closes that one (so it can start sandboxes ahead of time, and
+    close them off its critical path).
     sandbox_options: extra backend options (memory_mb, cpus, pool_size, ...).
     """
     t0 = time.monotonic()
     result = GradeResult(instance.instance_id, ERROR)
     problem = instance_problem(instance, sandbox if isinstance(sandbox, str) else None)
     if problem or not (model_patch or "").strip():
-        if not isinstance(sandbox, str):
-            sandbox.close()
         result.status, result.reason = ((ERROR, f"malformed instance: {problem}") if problem
                                         else (EMPTY_PATCH, "the model patch is empty"))
         return result
@@ -192,10 +201,12 @@ def grade(instance: SWEInstance, model_patch: str | None, sandbox: str | Sandbox
         return result
     run = _Run(sb, instance, result)
     try:
-        with sb:
-            run.run(model_patch, timeout, partial_credit)
+        run.run(model_patch, timeout, partial_credit)
     except SandboxError as e:
         result.status, result.reason = ERROR, f"sandbox died: {e}"
+    finally:
+        if isinstance(sandbox, str):
+            sb.close()
     result.log = "".join(run.parts)
     result.duration_s = time.monotonic() - t0
     return result
