@@ -26,7 +26,9 @@ from typing import Any
 import gymnasium
 
 from envs.swe.instance import SWEInstance, load_instances
-from envs.swe.tools import MAX_ACTION_CHARS, TOOL_SCHEMAS, ToolCallError, Tools, ToolsConfig, describe_tools, parse_action, truncate
+from envs.swe.tools import (MAX_ACTION_CHARS, TOOL_SCHEMAS, ToolCallError, Tools, ToolsConfig, describe_tools,
+                            parse_action, truncate)
+from sandboxes import SandboxError
 
 log = logging.getLogger(__name__)
 # Any BMP character but surrogates: code and logs are not ASCII. Others become U+FFFD.
@@ -42,6 +44,7 @@ SYSTEM_PROMPT = (
     "then submit. Do not edit the tests.\n"
 )
 # Bytecode and caches the agent's test runs leave behind are not part of a fix.
+_PATCH_FILE = "/tmp/roll_agent_agent.patch"
 _DIFF_EXCLUDES = "':(exclude)*.pyc' ':(exclude)**/__pycache__/**' ':(exclude).pytest_cache/**'"
 
 
@@ -124,11 +127,7 @@ class SWEEnv(gymnasium.Env):
             if call.name == "submit":
                 return self._finish("submitted")
             return self._next(self._tools.run(call), invalid=False)
-        except Exception as exc:
-            from sandboxes import SandboxError
-
-            if not isinstance(exc, SandboxError):
-                raise
+        except SandboxError as exc:
             self.status = "sandbox_error"
             self._release()
             raise SWEEpisodeError("sandbox_error", f"the sandbox died: {exc}") from exc
@@ -177,15 +176,14 @@ class SWEEnv(gymnasium.Env):
         if self._sandbox is None:
             return self.last_episode.get("patch", "")
         base = shlex.quote(self.instance.base_commit or "HEAD")
-        cmd = (f"git rev-parse -q --verify {base}^{{commit}} >/dev/null || {{ echo 'base commit missing' >&2; exit 3; }}"
-               f" && git add -A -- . {_DIFF_EXCLUDES} && git -c core.quotepath=false diff --cached --no-color "
-               f"--no-ext-diff --binary {base}")
+        # written to a file and read back: exec output is capped, and a patch must come whole
+        cmd = (f"git rev-parse -q --verify {base}^{{commit}} >/dev/null || {{ echo 'base commit missing'; exit 3; }}; "
+               f"git add -A -- . {_DIFF_EXCLUDES} && git -c core.quotepath=false diff --cached --no-color "
+               f"--no-ext-diff --binary {base} > {_PATCH_FILE}")
         r = self._sandbox.exec(cmd, timeout=120, workdir=self.instance.workdir)
         if r.exit_code != 0 or r.timed_out:
-            from sandboxes import SandboxError
-
             raise SandboxError(f"taking the diff failed (exit {r.exit_code}): {r.output[-500:]}")
-        return r.output
+        return self._sandbox.read_file(_PATCH_FILE)
 
     def _release(self) -> None:
         sandbox, self._sandbox, self._tools = self._sandbox, None, None

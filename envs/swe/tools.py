@@ -146,6 +146,9 @@ def _checked(call: ToolCall) -> ToolCall:
                 value.encode("utf-8")
             except UnicodeEncodeError:
                 raise ToolCallError(f"argument {key} contains invalid unicode (a lone surrogate)") from None
+    for key in ("command", "path"):
+        if key in call.arguments and not isinstance(call.arguments[key], str):
+            raise ToolCallError(f"{call.name} argument {key} must be a string")
     if call.name == "str_replace_editor" and call.arguments["command"] not in EDITOR_COMMANDS:
         raise ToolCallError(f"str_replace_editor command must be one of {', '.join(EDITOR_COMMANDS)}, "
                             f"got {call.arguments['command']!r}")
@@ -189,7 +192,7 @@ class Tools:
 
     def run(self, call: ToolCall) -> str:
         if call.name == "bash":
-            out = self.bash(str(call.arguments["command"]))
+            out = self.bash(call.arguments["command"])
         elif call.name == "str_replace_editor":
             try:
                 out = self.edit(call.arguments)
@@ -207,7 +210,7 @@ class Tools:
         return f"{r.output}\n[exit code {r.exit_code}]" if r.exit_code else (r.output or "[no output]")
 
     def edit(self, args: dict[str, Any]) -> str:
-        path = posixpath.normpath(posixpath.join(self.workdir, str(args["path"])))
+        path = posixpath.normpath(posixpath.join(self.workdir, args["path"]))
         command = args["command"]
         if command == "view":
             return self._view(path, args.get("view_range"))
@@ -218,7 +221,10 @@ class Tools:
             return f"File created: {path} ({len(text.splitlines())} lines)"
         content = self._read(path)
         if command == "str_replace":
-            new = _replace_once(content, _string(args, "old_str"), str(args.get("new_str", "")), path)
+            new_str = args.get("new_str", "")
+            if not isinstance(new_str, str):
+                raise ToolCallError("str_replace_editor str_replace needs new_str as a string (\"\" to delete)")
+            new = _replace_once(content, _string(args, "old_str"), new_str, path)
         else:
             new = _insert(content, args.get("insert_line"), _string(args, "new_str"))
         self.sandbox.write_file(path, new)

@@ -64,6 +64,7 @@ def test_fenced_command_fallback():
     ('<tool_call>{"name": "str_replace_editor", "arguments": {"command": "delete", "path": "a"}}</tool_call>',
      "must be one of"),
     ('<tool_call>{"name": "bash", "arguments": {"command": "\\ud800"}}</tool_call>', "lone surrogate"),
+    ('<tool_call>{"name": "bash", "arguments": {"command": null}}</tool_call>', "must be a string"),
     ("<tool_call>" + "{" * 5000 + "}" * 5000 + "</tool_call>", "JSON"),
     ("x" * (MAX_ACTION_CHARS + 1), "too long"),
 ])
@@ -123,6 +124,7 @@ def test_editor_create_view_replace_insert(tools, tmp_path):
     assert (tmp_path / "pkg/m.py").read_text() == "# top\na = 1\nb = 20\na = 1\nz = 9\n"
     assert "insert_line must be" in edit(tools, command="insert", path="pkg/m.py", insert_line=9, new_str="x")
     assert "view_range must be" in edit(tools, command="view", path="pkg/m.py", view_range=[1])
+    assert "new_str as a string" in edit(tools, command="str_replace", path="pkg/m.py", old_str="z", new_str=None)
     assert "not an existing file" in edit(tools, command="view", path="nope.py")
     assert "pkg/m.py" in edit(tools, command="view", path=".")
 
