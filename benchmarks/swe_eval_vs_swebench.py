@@ -13,11 +13,15 @@ Both harnesses run as their own CLIs in subprocesses, timed end to end:
              (5.x: per-instance image, eval_script, log_parser, eval_type; local images
              are used as found; the images stop with SIGKILL, so its `docker stop` does
              not wait out a grace period)
-  ours:      python -m roll_agent.swe_eval --sandbox docker
+  ours:      python -m roll_agent.swe_eval --sandbox docker   (the headline ratio)
+             python -m roll_agent.swe_eval --sandbox bwrap    (ratio_bwrap: a bwrap sandbox per
+             instance over the base rootfs the images are built from, /testbed exported from
+             each image, timed cold; only when the images add nothing else to the base)
+Verdicts must agree across all runs.
 Create the swebench venv once (never in the project venv):
   python3 -m venv /work/venv-swebench && /work/venv-swebench/bin/pip install swebench==5.0.2
 
-Last line: RESULT same_verdicts=<k>/<n> ratio=<swebench s / ours s> ...
+Last line: RESULT same_verdicts=<k>/<n> ratio=<swebench s / ours docker s> ratio_bwrap=... ...
 """
 from __future__ import annotations
 
@@ -53,7 +57,9 @@ def fixture_instances(n: int, tmp: Path) -> tuple[list[SWEInstance], dict[str, s
     kinds = ["gold", "wrong", "not_applying", "gold", "empty", "three_way", "gold", "fuzzy"]
     instances, preds = [], {}
     for k in range(n):
-        inst = dataclasses.replace(project.instance, instance_id=f"minicalc-{k:03d}", image=image)
+        # repo is a name, as in SWE-bench: the bwrap run takes the tree from the image, not a local clone
+        inst = dataclasses.replace(project.instance, instance_id=f"minicalc-{k:03d}", image=image,
+                                   repo="local/minicalc")
         instances.append(inst)
         preds[inst.instance_id] = project.patches[kinds[k % len(kinds)]]
     return instances, preds
@@ -147,10 +153,10 @@ def run_swebench(work: Path, dataset: Path, preds: Path, workers: int, tag: str)
     return wall, json.loads(reports[0].read_text())
 
 
-def run_ours(work: Path, dataset: Path, preds: Path, workers: int, tag: str) -> tuple[float, dict]:
-    out = work / f"ours-{tag}"
+def run_ours(work: Path, dataset: Path, preds: Path, workers: int, tag: str, backend: str) -> tuple[float, dict]:
+    out = work / f"ours-{backend}-{tag}"
     cmd = [sys.executable, "-m", "roll_agent.swe_eval", "--dataset", str(dataset), "--predictions", str(preds),
-           "--sandbox", "docker", "--workers", str(workers), "--output-dir", str(out), "--timeout", "600"]
+           "--sandbox", backend, "--workers", str(workers), "--output-dir", str(out), "--timeout", "600"]
     t0 = time.monotonic()
     p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True,
                        env={**os.environ, "PYTHONPATH": str(ROOT)})
@@ -158,6 +164,44 @@ def run_ours(work: Path, dataset: Path, preds: Path, workers: int, tag: str) -> 
     if p.returncode != 0:
         raise SystemExit(f"roll_agent.swe_eval failed (exit {p.returncode}):\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}")
     return wall, json.loads((out / "report.json").read_text())
+
+
+def bwrap_comparable(images: set[str]) -> str | None:
+    """Why the bwrap run would not see the images' userland, or None.
+
+    The bwrap grading sandbox's root is the base rootfs the images are built from, and its
+    /testbed is exported from each image (once, cached): the same files as in the image
+    when the image is the base plus layers that only add the repo.
+    """
+    from sandboxes.build_image import docker_client, rootfs_path
+    from sandboxes.config import BASE_IMAGE
+
+    if not rootfs_path().is_dir():
+        return f"no base rootfs at {rootfs_path()}"
+    api = docker_client().api
+    base = api.inspect_image(BASE_IMAGE)["RootFS"]["Layers"]
+    for image in images:
+        if api.inspect_image(image)["RootFS"]["Layers"][:len(base)] != base:
+            return f"{image} is not built from {BASE_IMAGE}"
+        steps = [h.get("CreatedBy", "") for h in api.history(image)]
+        extra = [c for c in steps if "RUN" in c and "git reset" not in c]
+        if extra:
+            return f"{image} has setup steps outside /testbed ({extra[0][:80]})"
+    return None
+
+
+def clear_exports(images: set[str]) -> None:
+    """The bwrap run is timed cold: each image's /testbed is exported again."""
+    import shutil
+
+    from sandboxes.build_image import docker_client
+    from sandboxes.config import cache_dir
+
+    client = docker_client()
+    for image in images:
+        key = client.images.get(image).id.split(":")[-1][:20]
+        for d in (cache_dir() / "swe-src").glob(f"image-{key}-*"):
+            shutil.rmtree(d)
 
 
 def main(argv=None) -> int:
@@ -185,25 +229,41 @@ def main(argv=None) -> int:
                                        for iid, p in patches.items()])
     print(f"instances: {len(instances)} from {source}; images: {len({i.image for i in instances})}; "
           f"workers: {args.workers}; work dir: {work}", flush=True)
-    sb_times, our_times = [], []
+    images = {i.image for i in instances}
+    no_bwrap = bwrap_comparable(images)
+    times: dict[str, list[float]] = {"swebench": [], "docker": [], "bwrap": []}
+    reports: dict[str, dict] = {}
     for r in range(args.rounds):
-        sb_wall, sb_report = run_swebench(work, work / "swebench.json", work / "preds.jsonl", args.workers, str(r))
-        our_wall, our_report = run_ours(work, work / "ours.jsonl", work / "preds.jsonl", args.workers, str(r))
-        sb_times.append(sb_wall)
-        our_times.append(our_wall)
-        print(f"round {r}: swebench {sb_wall:.1f}s, ours {our_wall:.1f}s", flush=True)
-    theirs, ours = verdicts(sb_report), verdicts(our_report)
-    same = [iid for iid in patches if theirs.get(iid) is not None and theirs.get(iid) == ours.get(iid)]
-    print(f"{'instance':<40} {'swebench':<12} ours")
-    for iid, p in patches.items():
-        mark = "" if iid in same else "   <-- differs"
-        print(f"{iid:<40} {theirs.get(iid, '-'):<12} {ours.get(iid, '-')}{mark}")
-    counts = {k: sum(v == k for v in ours.values()) for k in VERDICT_KEYS}
-    sb_med, our_med = sorted(sb_times)[len(sb_times) // 2], sorted(our_times)[len(our_times) // 2]
-    print(f"RESULT same_verdicts={len(same)}/{len(patches)} ratio={sb_med / our_med:.2f} "
-          f"swebench_s={sb_med:.1f} ours_s={our_med:.1f} workers={args.workers} n={len(instances)} "
-          f"source={'fixture' if 'fixture' in source else 'task_set'} "
-          + " ".join(f"{k}={v}" for k, v in counts.items()))
+        wall, reports["swebench"] = run_swebench(work, work / "swebench.json", work / "preds.jsonl", args.workers,
+                                                 str(r))
+        times["swebench"].append(wall)
+        for backend in ("docker", "bwrap"):
+            if backend == "bwrap" and no_bwrap:
+                continue
+            if backend == "bwrap":
+                clear_exports(images)
+            wall, reports[backend] = run_ours(work, work / "ours.jsonl", work / "preds.jsonl", args.workers,
+                                              str(r), backend)
+            times[backend].append(wall)
+        print("round %d: " % r + ", ".join(f"{k} {v[-1]:.1f}s" for k, v in times.items() if v), flush=True)
+    if no_bwrap:
+        print(f"bwrap run skipped: {no_bwrap}")
+    v = {k: verdicts(rep) for k, rep in reports.items()}
+    print(f"{'instance':<32} " + " ".join(f"{k:<12}" for k in v))
+    same = 0
+    for iid in patches:
+        row = [v[k].get(iid, "-") for k in v]
+        agree = row[0] != "-" and len(set(row)) == 1
+        same += agree
+        print(f"{iid:<32} " + " ".join(f"{x:<12}" for x in row) + ("" if agree else "  <-- differs"))
+    med = {k: sorted(t)[len(t) // 2] for k, t in times.items() if t}
+    counts = {k: sum(x == k for x in v["docker"].values()) for k in VERDICT_KEYS}
+    bwrap = (f"ratio_bwrap={med['swebench'] / med['bwrap']:.2f} bwrap_s={med['bwrap']:.1f} " if "bwrap" in med
+             else "ratio_bwrap=skipped ")
+    print(f"RESULT same_verdicts={same}/{len(patches)} ratio={med['swebench'] / med['docker']:.2f} "
+          f"swebench_s={med['swebench']:.1f} ours_docker_s={med['docker']:.1f} {bwrap}workers={args.workers} "
+          f"n={len(instances)} source={'fixture' if 'fixture' in source else 'task_set'} "
+          + " ".join(f"{k}={n}" for k, n in counts.items()))
     return 0
 
 

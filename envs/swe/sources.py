@@ -2,13 +2,12 @@
 
 docker: the instance's image already holds the repo. bwrap has no images, so the
 repo is copied in from a host source tree: a clone of `repo` when it is a local git
-repository (what the task maker and the test fixture write), else `workdir` exported
-from the docker `image`. Trees are cached under <cache>/swe-src, keyed by what
-determines their content (repo path + commit, or image id), and only read from there.
+repository (what the test fixture writes), else `workdir` exported from the docker
+`image`. Trees are cached under <cache>/swe-src, keyed by what determines their content
+(the commit id, or the image id), and only read from there.
 """
 from __future__ import annotations
 
-import hashlib
 import os
 import shutil
 import subprocess
@@ -51,8 +50,9 @@ def source_tree(instance: SWEInstance) -> Path:
     """A host directory with the repo at base_commit (cached; never written after creation)."""
     repo = Path(instance.repo).expanduser() if instance.repo else None
     if repo is not None and (repo / ".git").exists():
-        key = hashlib.sha256(f"{repo.resolve()}\n{instance.base_commit}".encode()).hexdigest()[:20]
-        return _cached(f"git-{key}", lambda tmp: _clone(repo, instance.base_commit, tmp))
+        # a commit id names its whole tree: the same commit from any clone is the same entry
+        commit = _resolve_commit(repo, instance.base_commit or "HEAD")
+        return _cached(f"git-{commit}", lambda tmp: _clone(repo, commit, tmp))
     if instance.image:
         from sandboxes.build_image import docker_client
 
@@ -81,6 +81,14 @@ def _cached(name: str, make: Callable[[Path], None]) -> Path:
     return final
 
 
+def _resolve_commit(repo: Path, rev: str) -> str:
+    r = subprocess.run(["git", "rev-parse", "-q", "--verify", f"{rev}^{{commit}}"], cwd=repo,
+                       capture_output=True, text=True)
+    if r.returncode != 0:
+        raise InstanceError(f"malformed instance: cannot check out base_commit {rev!r}: not a commit of {repo}")
+    return r.stdout.strip()
+
+
 def _clone(repo: Path, commit: str, dest: Path) -> None:
     def git(*args, cwd=None):
         r = subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True)
@@ -88,10 +96,7 @@ def _clone(repo: Path, commit: str, dest: Path) -> None:
             raise OSError(f"git {' '.join(args)} failed: {r.stderr.strip()}")
 
     git("clone", "-q", "--no-checkout", str(repo), str(dest))
-    try:
-        git("-c", "advice.detachedHead=false", "checkout", "-q", commit or "HEAD", cwd=dest)
-    except OSError as e:
-        raise InstanceError(f"malformed instance: cannot check out base_commit {commit!r} of {repo}: {e}") from None
+    git("-c", "advice.detachedHead=false", "checkout", "-q", commit, cwd=dest)
 
 
 def _export(image: str, workdir: str, dest: Path) -> None:
