@@ -126,10 +126,8 @@ def test_predictions_loader(tmp_path):
 
 # -- grading in real sandboxes --------------------------------------------------------
 
-@pytest.fixture(params=[pytest.param("docker", marks=pytest.mark.docker), "bwrap"])
-def graded(request, swe_project):
-    """grade(patch_name_or_text, **kw) on the minicalc instance in this test's backend."""
-    backend = request.param
+def _grader(backend, request, swe_project):
+    """grade(patch_name_or_text, **kw) on the minicalc instance in `backend`."""
     if backend == "docker":
         inst = dataclasses.replace(swe_project.instance, image=request.getfixturevalue("swe_image"))
     else:
@@ -141,6 +139,18 @@ def graded(request, swe_project):
 
     _grade.instance = inst
     return _grade
+
+
+@pytest.fixture(params=[pytest.param("docker", marks=pytest.mark.docker), "bwrap"])
+def graded(request, swe_project):
+    """In each backend: what depends on the sandbox (start, exec, timeouts, files)."""
+    return _grader(request.param, request, swe_project)
+
+
+@pytest.fixture
+def graded_bwrap(request, swe_project):
+    """The git/patch logic runs the same commands in every backend: checked in the fastest one."""
+    return _grader("bwrap", request, swe_project)
 
 
 def test_gold_patch_resolves(graded):
@@ -163,18 +173,21 @@ def test_patch_that_does_not_apply_is_an_error_with_the_reason(graded):
     assert "Hunk #1 FAILED" in r.log and r.reward == 0.0
 
 
-def test_empty_patch(graded):
+def test_empty_patch(graded_bwrap):
+    graded = graded_bwrap
     assert graded("empty").status == EMPTY_PATCH and graded("  \n").status == EMPTY_PATCH
 
 
-def test_fallbacks_3way_then_fuzz(graded):
+def test_fallbacks_3way_then_fuzz(graded_bwrap):
+    graded = graded_bwrap
     r = graded("three_way")
     assert (r.status, r.apply_method) == (RESOLVED, "git apply --3way")
     r = graded("fuzzy")
     assert (r.status, r.apply_method) == (RESOLVED, "patch --fuzz")
 
 
-def test_model_cannot_rewrite_the_tests_that_judge_it(graded, swe_project):
+def test_model_cannot_rewrite_the_tests_that_judge_it(graded_bwrap):
+    graded = graded_bwrap
     # the bug stays; the patch plants a tests/test_mul.py that passes: test_patch's version replaces it
     cheat = ("--- /dev/null\n+++ b/tests/test_mul.py\n@@ -0,0 +1,6 @@\n+def test_mul():\n+    pass\n+\n+\n"
              "+def test_mul_zero():\n+    pass\n")
@@ -182,7 +195,8 @@ def test_model_cannot_rewrite_the_tests_that_judge_it(graded, swe_project):
     assert r.status == UNRESOLVED and r.fail_to_pass["failure"] == graded.instance.FAIL_TO_PASS
 
 
-def test_malformed_instances_are_errors(graded):
+def test_malformed_instances_are_errors(graded_bwrap):
+    graded = graded_bwrap
     no_tests = dataclasses.replace(graded.instance, FAIL_TO_PASS=[], PASS_TO_PASS=[])
     assert graded("gold", instance=no_tests).reason.startswith("malformed instance: no FAIL_TO_PASS")
     bad_parser = dataclasses.replace(graded.instance, log_parser="nope")
