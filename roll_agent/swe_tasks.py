@@ -50,7 +50,10 @@ def build_images(instances: list[SWEInstance], force: bool = False, cache: str |
                 projects[spec] = fetch_source(spec, where, cache, sha).root
             repo = restore_task_repo(projects[spec], inst.patch, inst.base_commit, tmp / f"task{k}")
             t0 = time.monotonic()
-            content_tag = build_task_image(str(repo), client=client)
+            # the index holds this checkout's stat data; rebuilt in the image, so the build
+            # context (hence the content-hashed tag) depends only on the repo's content
+            (repo / ".git" / "index").unlink()
+            content_tag = build_task_image(str(repo), setup=("git reset -q",), client=client)
             name, _, tag = _image_of(inst).rpartition(":")
             client.images.get(content_tag).tag(name, tag=tag)
             log(f"[{k + 1}/{len(todo)}] {_image_of(inst)} ({time.monotonic() - t0:.1f}s)")
@@ -63,13 +66,17 @@ def _image_of(inst: SWEInstance) -> str:
     return inst.image
 
 
+def _log(line: str) -> None:
+    print(line, flush=True)  # progress of a long run, also when redirected to a file
+
+
 def _make(args) -> int:
     rows = []
     for spec in args.source:
         cfg = MakerConfig(source=spec, max_tasks=args.max_tasks, seed=args.seed, max_candidates=args.max_candidates,
                           tests=tuple(args.tests), src=tuple(args.src), operators=tuple(args.operators),
                           max_fail=args.max_fail, sandbox=args.sandbox, test_timeout=args.test_timeout,
-                          pythonpath=args.pythonpath, cache=args.cache)
+                          pythonpath=args.pythonpath, cache=args.cache, log=_log)
         rows.extend(make_tasks(cfg))
     tmp = f"{args.out}.tmp-{os.getpid()}"
     write_jsonl(tmp, rows)
@@ -84,7 +91,7 @@ def main(argv=None) -> int:
     sub = ap.add_subparsers(dest="cmd", required=True)
     mk = sub.add_parser("make", help="inject bugs into a project and write verified tasks")
     mk.add_argument("--source", action="append", required=True,
-                    help="pypi:NAME==VERSION or a local project directory (repeatable)")
+                    help="pypi:NAME==VERSION[#sha256=HEX] or a local project directory (repeatable)")
     mk.add_argument("--out", required=True, help="output JSONL")
     mk.add_argument("--max-tasks", type=int, default=10, help="tasks per source")
     mk.add_argument("--max-candidates", type=int, default=None, help="mutations tried per source (6 x max-tasks)")
@@ -105,7 +112,7 @@ def main(argv=None) -> int:
     try:
         if args.cmd == "make":
             return _make(args)
-        build_images(load_instances(args.dataset), force=args.force, cache=args.cache)
+        build_images(load_instances(args.dataset), force=args.force, cache=args.cache, log=_log)
         return 0
     except MakerError as e:
         print(f"error: {e}", file=sys.stderr)

@@ -154,9 +154,25 @@ def _trim_traceback(section: str, test_files: set[str], max_lines: int = 30) -> 
             out.append(line)
         elif line.startswith("E ") or line.startswith("E\t") or in_test_frame:
             out.append(line)
+    out = _collapse_repeats(out)
     if len(out) > max_lines:
         out = out[: max_lines // 2] + ["..."] + out[-(max_lines // 2):]
     return "\n".join(out)
+
+
+def _collapse_repeats(lines: list[str]) -> list[str]:
+    """Runs of one line (a recursion's frames) become the line and a count."""
+    out: list[str] = []
+    i = 0
+    while i < len(lines):
+        j = i
+        while j + 1 < len(lines) and lines[j + 1] == lines[i]:
+            j += 1
+        out.append(lines[i])
+        if j > i:
+            out.append(f"[... the line above repeats {j - i} more times ...]")
+        i = j + 1
+    return out
 
 
 def problem_statement(source: Source, cmd: str, failing: list[str], log: str, test_files: list[str]) -> str:

@@ -93,14 +93,17 @@ def _copy_clean(src: Path, dest: Path) -> None:
 
 
 def fetch_source(spec: str, workdir: Path, cache: str | None = None, sha256: str | None = None) -> Source:
-    """`pypi:NAME==VERSION` or a local directory, as a clean tree under `workdir`."""
+    """`pypi:NAME==VERSION[#sha256=HEX]` or a local directory, as a clean tree under `workdir`."""
     root = workdir / "project"
     if spec.startswith("pypi:"):
-        m = re.fullmatch(r"pypi:([A-Za-z0-9._-]+)==([A-Za-z0-9.+!_-]+)", spec)
+        m = re.fullmatch(r"pypi:([A-Za-z0-9._-]+)==([A-Za-z0-9.+!_-]+)(?:#sha256=([0-9a-f]{64}))?", spec)
         if not m:
-            raise MakerError(f"bad source {spec!r}: write pypi:NAME==VERSION (a pinned version)")
-        name, version = m.groups()
-        archive = download_sdist(name, version, cache, sha256)
+            raise MakerError(f"bad source {spec!r}: write pypi:NAME==VERSION[#sha256=HEX] (a pinned version)")
+        name, version, pinned = m.groups()
+        if pinned and sha256 and pinned != sha256:
+            raise MakerError(f"source {spec!r} pins sha256 {pinned}, but {sha256} is expected")
+        archive = download_sdist(name, version, cache, pinned or sha256)
+        spec = f"pypi:{name}=={version}"
         raw = workdir / "sdist"
         raw.mkdir()
         _extract(archive, raw)

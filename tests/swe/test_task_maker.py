@@ -110,6 +110,10 @@ def test_problem_statement_traceback_keeps_test_code_and_errors_only():
     trimmed = _trim_traceback(sections["test_a"], {"tests/test_m.py"})
     assert trimmed.splitlines() == ["tests/test_m.py:5: in test_a", "    assert m.f(1) == 2", "m.py:3: in f",
                                     "E   assert 0 == 2"]
+    recursion = "tests/test_m.py:5: in test_a\n" + "m.py:3: in f\n    return f(x)\n" * 50 + "E   RecursionError\n"
+    assert _trim_traceback(recursion, {"tests/test_m.py"}).splitlines() == [
+        "tests/test_m.py:5: in test_a", "m.py:3: in f", "[... the line above repeats 49 more times ...]",
+        "E   RecursionError"]
 
 
 # ---------------------------------------------------------------- end to end (tiny local project)
