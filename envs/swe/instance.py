@@ -1,8 +1,10 @@
 """SWE task instances (SWE-bench schema) and their loaders.
 
-One JSONL object per line. SWE-bench and SWE-Gym share the schema below; SWE-smith
-names the image `image_name` and has no `base_commit` (its images hold the repo at
-the task's commit, so grading uses the image's checkout as it is). roll_agent adds
+One JSONL object per line. SWE-bench and SWE-Gym share the schema below. SWE-smith
+names the image `image_name` and has no `base_commit`: grading then uses the image's
+checkout as it is, so the image must hold the task's buggy tree (SWE-smith's own
+images hold the clean repo and its harness checks out a branch per instance: give
+that branch's commit as base_commit, or build an image at it). roll_agent adds
 optional `image`, `workdir`, `test_cmd` and `log_parser` (see SWEInstance).
 
 Bad input ends only that line's instance: `load_instances(..., errors="collect")`
