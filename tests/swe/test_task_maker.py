@@ -244,4 +244,5 @@ def test_shipped_dataset_is_consistent():
         assert i.image == f"{IMAGE_REPO}:{i.instance_id}" and len(i.base_commit) == 40
         assert i.patch.startswith("diff --git") and i.patch.count("\n@@ ") == 1, i.instance_id
         assert i.extra["source"].startswith("pypi:") and len(i.extra["source_sha256"]) == 64
-        assert i.patch not in i.problem_statement and all(t in i.problem_statement for t in i.FAIL_TO_PASS[:15])
+        assert all(t in i.problem_statement for t in i.FAIL_TO_PASS[:15]), i.instance_id
+        assert not set(_patch_lines(i.patch)) & set(i.problem_statement.splitlines()), i.instance_id
