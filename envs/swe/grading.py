@@ -44,8 +44,9 @@ APPLY_METHODS = (
     ("git apply", f"git apply --verbose {MODEL_PATCH}"),
     ("git apply --3way", f"git apply --verbose --3way {MODEL_PATCH} || "
                          "{ rc=$?; [ -z \"$(git ls-files -u)\" ] || git reset -q --hard HEAD; exit $rc; }"),
-    ("patch --fuzz", f"patch --batch --fuzz=5 -p1 --dry-run -i {MODEL_PATCH} && "
-                     f"patch --batch --fuzz=5 -p1 --no-backup-if-mismatch -r - -i {MODEL_PATCH}"),
+    # --forward: in --batch mode patch would otherwise apply a "reversed" patch backwards
+    ("patch --fuzz", f"patch --batch --forward --fuzz=5 -p1 --dry-run -i {MODEL_PATCH} && "
+                     f"patch --batch --forward --fuzz=5 -p1 --no-backup-if-mismatch -r - -i {MODEL_PATCH}"),
 )
 _CHECKOUT = ('git update-index -q --refresh >/dev/null 2>&1; '
              'want=$(git rev-parse -q --verify "$BASE_COMMIT^{commit}") || '

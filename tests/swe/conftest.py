@@ -11,6 +11,8 @@ is already there and passes (PASS_TO_PASS). Patches:
   three_way     the fix made against the previous commit (a comment differs near the hunk):
                 `git apply` refuses it, `git apply --3way` merges it
   fuzzy         the fix with a wrong outer context line and no blob ids: only `patch --fuzz` applies it
+  reversed      the fix backwards (its new side is what base_commit has): must not apply, in
+                particular not as `patch -R`, which `patch --batch` assumes unless told --forward
 
 Fixtures: swe_project (no docker: repo dir + instance with repo=<local path>, for bwrap),
 swe_image (the docker image; skips without a daemon, fails when CI is set), swe_instance
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import subprocess
 from pathlib import Path
 
@@ -148,8 +151,9 @@ def make_swe_project(root: Path) -> SWEProject:
         instance_id="minicalc__mul-1", repo=str(repo), base_commit=base, patch=gold, test_patch=test_patch,
         problem_statement="mul(3, 4) returns 7, not 12: mul adds its arguments instead of multiplying them.",
         FAIL_TO_PASS=list(F2P), PASS_TO_PASS=list(P2P), test_cmd=TEST_CMD)
+    reversed_gold = re.sub(r"^([+-])(?![+-]{2} )", lambda m: "+" if m.group(1) == "-" else "-", gold, flags=re.M)
     patches = {"gold": gold, "wrong": wrong, "not_applying": _NOT_APPLYING, "empty": "",
-               "three_way": three_way, "fuzzy": _FUZZY}
+               "three_way": three_way, "fuzzy": _FUZZY, "reversed": reversed_gold}
     return SWEProject(repo, inst, patches)
 
 

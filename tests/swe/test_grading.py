@@ -173,6 +173,12 @@ def test_patch_that_does_not_apply_is_an_error_with_the_reason(graded):
     assert "Hunk #1 FAILED" in r.log and r.reward == 0.0
 
 
+def test_a_reversed_patch_is_not_applied_backwards(graded_bwrap):
+    r = graded_bwrap("reversed")
+    assert r.status == ERROR and r.reason.startswith("patch does not apply")
+    assert "Reversed (or previously applied) patch detected!  Skipping patch." in r.log
+
+
 def test_empty_patch(graded_bwrap):
     graded = graded_bwrap
     assert graded("empty").status == EMPTY_PATCH and graded("  \n").status == EMPTY_PATCH
