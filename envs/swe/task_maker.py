@@ -50,7 +50,7 @@ class MakerConfig:
     operators: tuple[str, ...] = ()  # () = all of mutations.OPERATORS
     max_fail: int = 40  # a mutation breaking more tests than this is too blunt to be a task
     sandbox: str = "bwrap"  # "bwrap" (root="base") or "docker" (the base image)
-    test_timeout: float | None = None  # per run; None: 5 x the slower baseline run + 10 s
+    test_timeout: float | None = None  # per run; None: 10 x the slower baseline run + 30 s
     pythonpath: str = ""  # e.g. "src" for src layouts; set in front of the test command
     sha256: str | None = None  # expected sdist hash (pypi sources)
     cache: str | None = None  # sdist cache; default <ROLL_AGENT_CACHE>/swe-sdists
@@ -154,7 +154,8 @@ def _trim_traceback(section: str, test_files: set[str], max_lines: int = 30) -> 
             out.append(line)
         elif line.startswith("E ") or line.startswith("E\t") or in_test_frame:
             out.append(line)
-    out = _collapse_repeats(out)
+    # object addresses differ run to run; the statement must not (reproducible task sets)
+    out = _collapse_repeats([re.sub(r"\b0x[0-9a-f]{6,}\b", "0x...", line) for line in out])
     if len(out) > max_lines:
         out = out[: max_lines // 2] + ["..."] + out[-(max_lines // 2):]
     return "\n".join(out)
@@ -169,8 +170,10 @@ def _collapse_repeats(lines: list[str]) -> list[str]:
         while j + 1 < len(lines) and lines[j + 1] == lines[i]:
             j += 1
         out.append(lines[i])
-        if j > i:
+        if j - i >= 2:
             out.append(f"[... the line above repeats {j - i} more times ...]")
+        elif j > i:
+            out.append(lines[i])
         i = j + 1
     return out
 
@@ -212,7 +215,9 @@ def _baseline(runner: _Runner, cmd: str, cfg: MakerConfig) -> tuple[set[str], fl
     passing = _passing(runs[0][0]) & _passing(runs[1][0])
     if not passing:
         raise MakerError(f"no test passes at baseline with `{cmd}`; log tail:\n{runs[0][1][-2000:]}")
-    return passing, cfg.test_timeout or 5 * max(d for _, _, d in runs) + 10
+    # generous: the limit is there for mutations that hang, and a busy machine must not
+    # turn a slow-but-finishing run into a timeout (the task set would depend on load)
+    return passing, cfg.test_timeout or 10 * max(d for _, _, d in runs) + 30
 
 
 def _screen(runner: _Runner, m: Mutation, full_cmd: str, baseline: set[str], timeout: float,

@@ -110,10 +110,11 @@ def test_problem_statement_traceback_keeps_test_code_and_errors_only():
     trimmed = _trim_traceback(sections["test_a"], {"tests/test_m.py"})
     assert trimmed.splitlines() == ["tests/test_m.py:5: in test_a", "    assert m.f(1) == 2", "m.py:3: in f",
                                     "E   assert 0 == 2"]
-    recursion = "tests/test_m.py:5: in test_a\n" + "m.py:3: in f\n    return f(x)\n" * 50 + "E   RecursionError\n"
+    recursion = ("tests/test_m.py:5: in test_a\n" + "m.py:3: in f\n    return f(x)\n" * 50 + "g.py:1: in g\n" * 2
+                 + "E   assert <A object at 0x7f0a562deed0> == 1\n")
     assert _trim_traceback(recursion, {"tests/test_m.py"}).splitlines() == [
         "tests/test_m.py:5: in test_a", "m.py:3: in f", "[... the line above repeats 49 more times ...]",
-        "E   RecursionError"]
+        "g.py:1: in g", "g.py:1: in g", "E   assert <A object at 0x...> == 1"]
 
 
 # ---------------------------------------------------------------- end to end (tiny local project)
