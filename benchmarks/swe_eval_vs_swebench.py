@@ -49,7 +49,6 @@ HEREDOC = "EOF_ROLL_AGENT_TEST_PATCH"
 
 def fixture_instances(n: int, tmp: Path) -> tuple[list[SWEInstance], dict[str, str]]:
     """n copies of the minicalc instance, with the fixture's patches rotated over them."""
-    sys.path.insert(0, str(ROOT))
     from tests.swe.conftest import build_project_image, make_swe_project
 
     project = make_swe_project(tmp / "src")
