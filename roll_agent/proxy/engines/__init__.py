@@ -19,4 +19,8 @@ def make_engines(cfg: EngineConfig, model_cfg: ModelConfig, model_path: str, see
         from roll_agent.proxy.engines.scripted import ScriptedEngine
 
         return [ScriptedEngine(cfg.scripted, seed=seed + i) for i in range(cfg.num_engines)]
-    raise ValueError(f"engine.type={cfg.type!r}: use hf, vllm or scripted")
+    if cfg.type == "openai":
+        from roll_agent.proxy.engines.openai import OpenAIEngine
+
+        return [OpenAIEngine(model_path, cfg, model_cfg, seed=seed + i) for i in range(cfg.num_engines)]
+    raise ValueError(f"engine.type={cfg.type!r}: use hf, vllm, scripted or openai")
