@@ -322,7 +322,21 @@ def _to_dict(node: Any) -> Any:
 
 
 def load_config(path: str | None = None, overrides: list[str] | None = None) -> Config:
-    """Defaults <- YAML file <- `section.key=value` overrides; returns a validated Config."""
+    """Defaults <- YAML file <- `section.key=value` overrides; returns a validated Config.
+    Any problem with them is a ConfigError (never a parser's own exception)."""
+    try:
+        return _load(path, overrides)
+    except ConfigError:
+        raise
+    except (OmegaConfBaseException, yaml.YAMLError, TypeError, ValueError, KeyError, AttributeError, IndexError,
+            RecursionError) as exc:  # malformed YAML or overrides that the OmegaConf/YAML parsers reject
+        source = f"config file {path}" + (f" and overrides {overrides}" if overrides else "") if path else \
+            f"overrides {overrides}"
+        raise ConfigError(f"Cannot use {source}: {type(exc).__name__}: {exc}. Fix the value or key named here; "
+                          "overrides look like section.key=value with YAML values.") from exc
+
+
+def _load(path: str | None, overrides: list[str] | None) -> Config:
     layers = []
     if path:
         try:
