@@ -81,7 +81,8 @@ def main() -> None:
     print(f"{r['envs']} env instances ({args.lanes} lanes x {args.group_size}), step ~normal({args.step_ms:.0f} ms), "
           f"{args.batches} batches of {args.lanes // 2} groups in {r['seconds']:.1f}s")
     print(f"most episodes running at once: {r['peak_running']}; env steps: {r['steps']}; trained: {r['trained']}")
-    print("RSS over the run (MB): " + " ".join(f"{x:.0f}" for x in r["rss_samples"][:: max(1, len(r['rss_samples']) // 20)]))
+    every = max(1, len(r["rss_samples"]) // 20)
+    print("RSS over the run (MB): " + " ".join(f"{x:.0f}" for x in r["rss_samples"][::every]))
     print(f"RSS peak first half {r['rss_first_half_mb']:.0f} MB, second half {r['rss_second_half_mb']:.0f} MB")
     ended = " + ".join(f"{k} {r['episodes_total_' + k]}" for k in OUTCOMES)
     print(f"accounting: started {r['episodes_total_started']} == {ended} + in flight {r['episodes_in_flight']}: "

@@ -155,7 +155,8 @@ class LLMProxy:
         live = [i for i in range(len(self.engines)) if i not in self._down]
         least = min(live, key=self._load.__getitem__)
         sticky = self._sticky.get(env_id)
-        if sticky is not None and sticky not in self._down and self._load[sticky] <= self._load[least] + self.cfg.sticky_slack:
+        if (sticky is not None and sticky not in self._down
+                and self._load[sticky] <= self._load[least] + self.cfg.sticky_slack):
             return sticky
         if env_id:
             self._sticky[env_id] = least

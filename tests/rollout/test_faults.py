@@ -2,7 +2,6 @@
 engine that crashes) end at most their own episode, the watchdog reports and cancels what
 is stuck, and every started episode is accounted for."""
 
-import asyncio
 import logging
 
 import pytest
@@ -27,7 +26,8 @@ def faulty_stack(formatter, rollout, engine_cfgs, env=FAULTY_ENV, request_timeou
 
     engines = [ScriptedEngine(cfg, seed=i) for i, cfg in enumerate(engine_cfgs)]
     return build_rollout(formatter, rollout, [EnvSpec(id="roll_agent/Simulated-v0", kwargs=env)], engines,
-                         ProxyConfig(max_request_retries=4), watchdog_cfg=WatchdogConfig(request_timeout_s=request_timeout_s))
+                         ProxyConfig(max_request_retries=4),
+                         watchdog_cfg=WatchdogConfig(request_timeout_s=request_timeout_s))
 
 
 def test_faults_everywhere_batches_fill_and_every_episode_is_accounted(formatter):
@@ -114,7 +114,8 @@ def test_batch_wait_past_threshold_cancels_and_then_stops_the_run(formatter):
                             max_turns=2, step_timeout_s=600)
     stack = faulty_stack(formatter, rollout, [ScriptedEngineConfig()], env={"latency": "fixed", "mean_s": 3600})
     stack.watchdog.cfg = WatchdogConfig(batch_timeout_s=0.2, max_batch_stalls=2)
-    controller = AsyncController(Components(stack, None, None, [], None), None, None, 1, CheckpointConfig(), EvalConfig())
+    parts = Components(stack, trainer=None, weight_sync=None, eval_managers=[], tokenizer=None)
+    controller = AsyncController(parts, None, None, 1, CheckpointConfig(), EvalConfig())
 
     async def go():
         stack.scheduler.start()
