@@ -129,8 +129,11 @@ class LLMProxy:
         engine = self.engines[idx]
         try:
             await engine.restart()
-            if self._push is not None:  # a restarted engine serves the current weights, not its initial ones
-                await self._push([engine], self.version)
+            pushed = None
+            while self._push is not None and pushed != self.version:  # the current weights, not its initial ones
+                await self._running.wait()  # not in the middle of a weight update
+                pushed = self.version
+                await self._push([engine], pushed)
         except Exception:
             log.exception("engine %d failed to restart; it stays out of routing", idx)
             return
