@@ -14,7 +14,6 @@ import itertools
 import logging
 import time
 from collections import Counter
-from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
 from roll_agent.config import WatchdogConfig
@@ -41,27 +40,10 @@ class Watchdog:
         self._ids = itertools.count()
         self._reporter: asyncio.Task | None = None
 
-    @asynccontextmanager
-    async def watch(self, kind: str, what: str, timeout: float | None):
-        """Run the body; past `timeout` seconds (None or 0: no limit) cancel it and raise Stuck."""
-        key = next(self._ids)
-        self.waits[key] = Wait(kind, what, time.monotonic())
-        try:
-            if not timeout:
-                yield
-                return
-            limit = asyncio.timeout(timeout)
-            try:
-                async with limit:
-                    yield
-            except TimeoutError as exc:
-                if not limit.expired():
-                    raise  # an inner timeout: not ours to report
-                self.stats[f"stuck_{kind}"] += 1
-                log.warning("watchdog: %s stuck for %.1fs waiting on %s: cancelled", kind, timeout, what)
-                raise Stuck(f"{kind} stuck for {timeout:.1f}s waiting on {what}") from exc
-        finally:
-            del self.waits[key]
+    def watch(self, kind: str, what: str, timeout: float | None) -> "_Watch":
+        """`async with watch(...)`: run the body; past `timeout` seconds (None or 0: no limit) cancel
+        it and raise Stuck. (A small class, not a generator: it sits on every env step and request.)"""
+        return _Watch(self, kind, what, timeout)
 
     def oldest(self, n: int = 10) -> list[str]:
         now = time.monotonic()
@@ -82,6 +64,11 @@ class Watchdog:
                 log.warning("watchdog: %d waits older than %.0fs; oldest: %s", len(old), self.cfg.report_after_s,
                             "; ".join(self.oldest(5)))
 
+    def _stuck(self, kind: str, what: str, timeout: float) -> Stuck:
+        self.stats[f"stuck_{kind}"] += 1
+        log.warning("watchdog: %s stuck for %.1fs waiting on %s: cancelled", kind, timeout, what)
+        return Stuck(f"{kind} stuck for {timeout:.1f}s waiting on {what}")
+
     def metrics(self) -> dict[str, int]:
         return {f"watchdog_{k}": v for k, v in sorted(self.stats.items())}
 
@@ -90,3 +77,29 @@ class Watchdog:
             self._reporter.cancel()
             await asyncio.gather(self._reporter, return_exceptions=True)
             self._reporter = None
+
+
+class _Watch:
+    __slots__ = ("dog", "kind", "what", "timeout", "key", "limit")
+
+    def __init__(self, dog: Watchdog, kind: str, what: str, timeout: float | None):
+        self.dog, self.kind, self.what, self.timeout = dog, kind, what, timeout
+        self.limit: asyncio.Timeout | None = None
+
+    async def __aenter__(self) -> None:
+        self.key = next(self.dog._ids)
+        self.dog.waits[self.key] = Wait(self.kind, self.what, time.monotonic())
+        if self.timeout:
+            self.limit = asyncio.timeout(self.timeout)
+            await self.limit.__aenter__()
+
+    async def __aexit__(self, exc_type, exc, tb) -> bool | None:
+        del self.dog.waits[self.key]
+        if self.limit is None:
+            return None
+        try:
+            return await self.limit.__aexit__(exc_type, exc, tb)
+        except TimeoutError as timeout_exc:
+            if not self.limit.expired():
+                raise  # an inner timeout: not ours to report
+            raise self.dog._stuck(self.kind, self.what, self.timeout) from timeout_exc
