@@ -77,6 +77,7 @@ class AsyncController:
                     await self._evaluate(step)
         finally:
             await rollout.scheduler.stop()
+        self.logger.log({"step": step, **rollout.accounting()})  # after shutdown: the cancelled rest counted
         await self._evaluate(step)
         self.save(step)
         return step

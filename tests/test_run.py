@@ -44,6 +44,8 @@ def test_each_loss_trains_two_steps(tmp_path, loss):
                     "is_weight_mean", "kl"):
             assert key in r, key
         assert r["grad_norm"] == r["grad_norm"]  # not NaN
+    final = [r for r in read_rows(tmp_path / "metrics.jsonl") if "accounting_ok" in r and "loss" not in r]
+    assert len(final) == 1 and final[0]["accounting_ok"] and final[0]["episodes_total_started"] > 0
     evals = [r for r in read_rows(tmp_path / "metrics.jsonl") if "eval_success_rate" in r]
     assert [r["step"] for r in evals] == [0, 2]
     assert (tmp_path / "curves.png").stat().st_size > 1000
