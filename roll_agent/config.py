@@ -78,6 +78,18 @@ class ScriptedEngineConfig:
     response_tokens: int = 4  # tokens per response when no script is given
     latency_s: float = 0.0  # per request
     token_latency_s: float = 0.0  # per generated token
+    # fault injection (seeded by engine seed and request count, so runs are reproducible)
+    fail_prob: float = 0.0  # a request raises
+    hang_prob: float = 0.0  # a request never returns (until aborted)
+    crash_every: int = 0  # every N-th request the engine crashes: all its requests fail until restart()
+    restart_s: float = 0.0  # how long restart() takes
+
+    def __post_init__(self) -> None:
+        for name in ("fail_prob", "hang_prob"):
+            if not 0 <= getattr(self, name) <= 1:
+                raise ConfigError(f"engine.scripted.{name} must be in [0, 1], got {getattr(self, name)}")
+        if self.crash_every < 0 or self.restart_s < 0:
+            raise ConfigError("engine.scripted.crash_every and restart_s must be >= 0")
 
 
 @dataclass
@@ -117,9 +129,27 @@ class EngineConfig:
 class ProxyConfig:
     suspend_mode: str = "abort"  # abort: in-flight requests re-issued from their prefix; drain: finish them
     sticky_slack: int = 2  # keep an env on its engine while that engine is within this load of the least loaded
+    max_request_retries: int = 3  # a request that fails (engine error, crash, watchdog) is re-issued this often
 
     def __post_init__(self) -> None:
         _choice("proxy", "suspend_mode", self.suspend_mode, ("abort", "drain"))
+
+
+@dataclass
+class WatchdogConfig:
+    """Thresholds past which a wait is reported (with what it waits on) and cancelled; 0 = no limit.
+    Env stages are bounded by rollout.step_timeout_s / episode_timeout_s."""
+
+    request_timeout_s: float = 300.0  # one engine request; then aborted and re-issued on another engine
+    batch_timeout_s: float = 1800.0  # the trainer waiting for a batch; then running episodes are cancelled
+    max_batch_stalls: int = 3  # consecutive batch timeouts before the run stops with an error
+    report_after_s: float = 120.0  # waits older than this are logged (oldest first) every report_after_s
+
+    def __post_init__(self) -> None:
+        for name in ("request_timeout_s", "batch_timeout_s", "report_after_s"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"watchdog.{name} must be >= 0 (0 = no limit), got {getattr(self, name)}")
+        _positive("watchdog", max_batch_stalls=self.max_batch_stalls)
 
 
 @dataclass
@@ -267,6 +297,7 @@ class Config:
     engine: EngineConfig = field(default_factory=EngineConfig)
     proxy: ProxyConfig = field(default_factory=ProxyConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    watchdog: WatchdogConfig = field(default_factory=WatchdogConfig)
     envs: list[EnvSpec] = field(default_factory=lambda: [EnvSpec(kwargs={"invalid_action_penalty": -0.1})])
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
@@ -303,7 +334,21 @@ def _to_dict(node: Any) -> Any:
 
 
 def load_config(path: str | None = None, overrides: list[str] | None = None) -> Config:
-    """Defaults <- YAML file <- `section.key=value` overrides; returns a validated Config."""
+    """Defaults <- YAML file <- `section.key=value` overrides; returns a validated Config.
+    Any problem with them is a ConfigError (never a parser's own exception)."""
+    try:
+        return _load(path, overrides)
+    except ConfigError:
+        raise
+    except (OmegaConfBaseException, yaml.YAMLError, TypeError, ValueError, KeyError, AttributeError, IndexError,
+            RecursionError) as exc:  # malformed YAML or overrides that the OmegaConf/YAML parsers reject
+        source = f"config file {path}" + (f" and overrides {overrides}" if overrides else "") if path else \
+            f"overrides {overrides}"
+        raise ConfigError(f"Cannot use {source}: {type(exc).__name__}: {exc}. Fix the value or key named here; "
+                          "overrides look like section.key=value with YAML values.") from exc
+
+
+def _load(path: str | None, overrides: list[str] | None) -> Config:
     layers = []
     if path:
         try:

@@ -54,11 +54,14 @@ async def train(cfg: Config) -> int:
     extra = trainer.load(resume_from) if resume_from else None
     first_step = trainer.version
     logger = MetricsLogger(out, cfg.logging, cfg.max_steps, first_step)
+    if resume_from:
+        logger.log({"step": first_step, "resumed_from_step": first_step})
     if extra is None and cfg.warmup.sft_steps:
         run_warmup(trainer, cfg.envs, formatter, cfg.warmup, cfg.rollout, cfg.seed, log=logger.log)
 
     engines = make_engines(cfg.engine, cfg.model, model_path, seed=cfg.seed)
-    rollout = build_rollout(formatter, cfg.rollout, cfg.envs, engines, cfg.proxy, cfg.seed, trainer.version)
+    rollout = build_rollout(formatter, cfg.rollout, cfg.envs, engines, cfg.proxy, cfg.seed, trainer.version,
+                            cfg.watchdog)
     if extra is not None:
         rollout.buffer.load_state_dict(extra["buffer"])
         rollout.scheduler.load_state_dict(extra["scheduler"])
