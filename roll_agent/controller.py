@@ -123,6 +123,7 @@ class AsyncController:
         for key in ("started", "finished", "truncated", "cancelled", "env_error", "stale_dropped"):
             out[f"episodes_{key}"] = counts.get(key, 0) - self._last_counts.get(key, 0)
         out["env_errors"] = out.pop("episodes_env_error")
+        out["episodes_aborted"] = out.pop("episodes_cancelled")  # cancelled: the Trajectory status `aborted`
         self._last_counts = dict(counts)
         out["dropped_stale"] = rollout.buffer.stats["episodes_dropped_stale"]
         out.update(rollout.accounting(), **rollout.watchdog.metrics(),
