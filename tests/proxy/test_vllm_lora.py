@@ -42,7 +42,7 @@ def model_dir(tiny_model_dir, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def engine(model_dir):
-    (eng,) = make_engines(EngineConfig(type="vllm", kv_cache_space_gib=0.5), MODEL_CFG, model_dir, seed=0)
+    (eng,) = make_engines(EngineConfig(type="vllm", kv_cache_space_gib=0.5, max_batch_size=8), MODEL_CFG, model_dir, seed=0)
     yield eng
     run(eng.close())
 
