@@ -137,3 +137,19 @@ def test_lora_adapters_sync_into_the_hf_engine(tiny_model_dir, tmp_path):
     assert (ref - torch.tensor(out.logprobs)).abs().max() <= 1e-4
     with torch.no_grad():
         assert not torch.allclose(base(torch.tensor([ids])).logits[0, 4:-1], logits, atol=1e-4)
+
+
+def test_the_run_trains_with_deepspeed_and_lora(tmp_path):
+    """`python -m roll_agent.run trainer.type=deepspeed`: warm-start, 2 RL steps, adapter syncs, checkpoint."""
+    from roll_agent.metrics import read_rows
+    from roll_agent.run import train
+    from tests.test_run import small_cfg
+
+    cfg = small_cfg(tmp_path, "trainer.type=deepspeed", "trainer.deepspeed.zero_stage=3", "model.lora.enabled=true",
+                    "warmup.sft_steps=1", "warmup.episodes_per_step=2", "algorithm.kl_coef=0.01")
+    assert run(train(cfg), timeout=300) == 2
+    rows = [r for r in read_rows(tmp_path / "metrics.jsonl") if "loss" in r]
+    assert [r["version"] for r in rows] == [1, 2] and all(r["grad_norm"] == r["grad_norm"] for r in rows)
+    ckpt = tmp_path / "checkpoints" / "step_000002"
+    assert (ckpt / "adapter" / "adapter_model.safetensors").exists() and (ckpt / "deepspeed").is_dir()
+    assert sum(p.numel() for p in AutoModelForCausalLM.from_pretrained(ckpt / "model").parameters()) > 0
