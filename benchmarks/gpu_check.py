@@ -60,7 +60,7 @@ def build_checkpoint(out: Path, kind: str, device: str) -> str:
     del model
     if device.startswith("cuda"):
         torch.cuda.empty_cache()  # vLLM sizes itself from the free memory
-    return f"{n / 1e6:.0f}M parameters"
+    return f"{n / 1e6:.1f}M parameters"
 
 
 async def generate(engine, kind: str, rng: random.Random):
@@ -127,7 +127,8 @@ def _broadcast_worker(rank: int, world: int, port: int, path: str, backend: str,
             reports.append(fn(named, bucket_mb=64, device=bucket_device()))
             if backend == "nccl":
                 torch.cuda.synchronize()
-        checksum = float(sum(p.double().sum() for _, p in named))
+        with torch.no_grad():
+            checksum = float(sum(p.double().sum() for _, p in named))
         results[rank] = (reports[-1]["bytes"], min(r["seconds"] for r in reports[1:]), checksum)
     finally:
         dist.destroy_process_group()

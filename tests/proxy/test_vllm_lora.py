@@ -42,7 +42,8 @@ def model_dir(tiny_model_dir, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def engine(model_dir):
-    (eng,) = make_engines(EngineConfig(type="vllm", kv_cache_space_gib=0.5, max_batch_size=8), MODEL_CFG, model_dir, seed=0)
+    cfg = EngineConfig(type="vllm", kv_cache_space_gib=0.5, max_batch_size=8)
+    (eng,) = make_engines(cfg, MODEL_CFG, model_dir, seed=0)
     yield eng
     run(eng.close())
 
