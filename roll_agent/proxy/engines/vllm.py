@@ -197,14 +197,17 @@ class VLLMEngine:
         while self._requests:  # the proxy calls this only while idle; wait out stragglers
             await asyncio.sleep(0.01)
         weights = [(name, t.detach().to("cpu").contiguous()) for name, t in named_tensors]
-        if self._lora is not None:
-            await self._submit(self._lora.load(self._llm, weights, version))
-        elif self._checkpoint_names:
+        if self._lora is not None:  # adapters only: loaded as a new LoRA adapter
+            if weights:
+                await self._submit(self._lora.load(self._llm, weights, version))
+            self.version = version
+            return
+        if self._checkpoint_names:
             unknown = [name for name, _ in weights if name not in self._checkpoint_names]
             if unknown:  # checked here: a failed reload leaves vLLM's layers half rebuilt
                 raise KeyError(f"Engine has no parameter {unknown[0]!r} (and {len(unknown) - 1} more): "
                                "trainer and engine models differ")
-        if weights and self._lora is None:
+        if weights:
             await self._submit(self._reload(weights))
         self.version = version
 
