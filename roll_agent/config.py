@@ -221,8 +221,24 @@ class AlgorithmConfig:
 
 
 @dataclass
+class DeepSpeedConfig:
+    """trainer.type=deepspeed only (the `deepspeed` extra). trainer.dtype=bfloat16 keeps bf16
+    weights with fp32 master copies in the optimizer (ZeRO's mixed precision)."""
+
+    zero_stage: int = 2  # 1: optimizer states, 2: + gradients, 3: + parameters partitioned
+    offload_optimizer: bool = False  # optimizer states and step on the CPU (DeepSpeedCPUAdam)
+    offload_params: bool = False  # parameters on the CPU between uses (stage 3 only)
+
+    def __post_init__(self) -> None:
+        if self.zero_stage not in (1, 2, 3):
+            raise ConfigError(f"trainer.deepspeed.zero_stage must be 1, 2 or 3, got {self.zero_stage}")
+        if self.offload_params and self.zero_stage != 3:
+            raise ConfigError("trainer.deepspeed.offload_params needs zero_stage=3")
+
+
+@dataclass
 class TrainerConfig:
-    type: str = "torch"
+    type: str = "torch"  # torch | deepspeed
     lr: float = 1e-3
     weight_decay: float = 0.0
     betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
@@ -231,9 +247,11 @@ class TrainerConfig:
     updates_per_batch: int = 1  # optimizer steps per batch (mini-batches); >1 makes pi_old differ from pi
     dtype: str = "float32"
     device: str = "cpu"
+    gradient_checkpointing: bool = False  # recompute activations in backward: less memory, ~30% slower
+    deepspeed: DeepSpeedConfig = field(default_factory=DeepSpeedConfig)
 
     def __post_init__(self) -> None:
-        _choice("trainer", "type", self.type, ("torch",))
+        _choice("trainer", "type", self.type, ("torch", "deepspeed"))
         _choice("trainer", "dtype", self.dtype, ("float32", "bfloat16"))
         _positive("trainer", lr=self.lr, micro_batch_size=self.micro_batch_size, updates_per_batch=self.updates_per_batch)
 

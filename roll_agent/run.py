@@ -22,7 +22,7 @@ from roll_agent.proxy.engines import make_engines
 from roll_agent.rollout.chat import ChatFormatter
 from roll_agent.rollout.stack import build_rollout
 from roll_agent.tiny_model import build_tiny_model, env_corpus
-from roll_agent.train.trainer import TorchTrainer
+from roll_agent.train.trainer import make_trainer
 from roll_agent.train.warmup import run_warmup
 from roll_agent.train.weight_sync import InProcessSync
 
@@ -48,7 +48,7 @@ async def train(cfg: Config) -> int:
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     formatter = ChatFormatter(tokenizer)
 
-    trainer = TorchTrainer(model_path, cfg.trainer, cfg.algorithm, cfg.model, cfg.rollout.temperature, seed=cfg.seed)
+    trainer = make_trainer(model_path, cfg.trainer, cfg.algorithm, cfg.model, cfg.rollout.temperature, seed=cfg.seed)
     checkpointer = Checkpointer(out, cfg.checkpoint.keep_last)
     resume_from = checkpointer.latest() if cfg.resume else None
     extra = trainer.load(resume_from) if resume_from else None
