@@ -34,6 +34,8 @@ import tempfile
 import time
 from pathlib import Path
 
+import torch
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from benchmarks.common import result_line, table  # noqa: E402
@@ -47,6 +49,10 @@ from roll_agent.run import train  # noqa: E402
 ROOT = Path(__file__).resolve().parents[2]
 HP = {"group_size": 8, "groups_per_batch": 4, "micro_batch_size": 8, "lr": 1e-3, "temperature": 1.0, "clip": 0.2,
       "seed": 0}
+# torch intra-op threads, the same on both sides: roll_agent's engine and trainer threads get one
+# each (runtime.torch_threads=1), TRL's single process gets one. torch's default (one per core)
+# made TRL 5-20x slower on the shared 2-core machine: OpenMP threads spin against other jobs.
+THREADS = 1
 SETTINGS = {  # steps: optimizer steps (x 32 trained samples); max_tokens: per completion
     tasks.SINGLE_TURN: {"steps": 10, "max_tokens": 16, "max_turns": 1},
     tasks.MULTI_TURN: {"steps": 8, "max_tokens": 64, "max_turns": 3},
@@ -65,7 +71,7 @@ def roll_agent_config(task: str, model: str, out: Path, setting: dict, prompt_le
         f"trainer.lr={HP['lr']}", f"trainer.micro_batch_size={HP['micro_batch_size']}", "trainer.updates_per_batch=1",
         "algorithm.advantage=grpo", "algorithm.loss=ppo", f"algorithm.clip_low={HP['clip']}",
         f"algorithm.clip_high={HP['clip']}", "algorithm.aggregation=token-mean",
-        "runtime.torch_threads=1", "warmup.sft_steps=0", "eval.num_episodes=0", "checkpoint.every=0",
+        f"runtime.torch_threads={THREADS}", "warmup.sft_steps=0", "eval.num_episodes=0", "checkpoint.every=0",
         "logging.progress=false", "logging.tensorboard=false", "logging.plot=false",
     ])
     cfg.envs = [EnvSpec(id=tasks.ENV_IDS[task])]
@@ -85,10 +91,11 @@ def run_roll_agent(cfg: Config) -> dict:
             "staleness": sum(r["staleness_mean"] for r in rows) / len(rows)}
 
 
-def run_trl(task: str, model: str, root: Path, python: str, probe_seed: int) -> dict:
+def run_trl(task: str, model: str, root: Path, python: str, probe_seed: int, threads: int) -> dict:
     out = root / f"trl-{task}"
     out.mkdir(parents=True, exist_ok=True)
-    spec = {"task": task, "model": model, "out": str(out), "hp": HP, "probe_seed": probe_seed, **SETTINGS[task]}
+    spec = {"task": task, "model": model, "out": str(out), "hp": HP, "probe_seed": probe_seed,
+            "torch_threads": threads, **SETTINGS[task]}
     (out / "spec.json").write_text(json.dumps(spec))
     env = dict(os.environ, PYTHONPATH=str(ROOT), TOKENIZERS_PARALLELISM="false")
     proc = subprocess.run([python, str(Path(__file__).with_name("trl_side.py")), str(out / "spec.json")],
@@ -129,6 +136,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--trl-python", default="/work/venv-trl/bin/python", help="TRL's virtual environment")
     ap.add_argument("--plot", default=str(ROOT / "docs" / "vs_trl.png"))
+    ap.add_argument("--trl-threads", type=int, default=THREADS,
+                    help="torch intra-op threads of the TRL process (0: torch's default, one per core)")
     ap.add_argument("--eval-episodes", type=int, default=64, help="greedy held-out episodes per final model")
     ap.add_argument("--sft-steps", type=int, default=SFT_STEPS, help="warm-start steps (32 demonstrations each)")
     ap.add_argument("--steps", type=int, nargs=2, default=None, metavar=("SINGLE", "MULTI"),
@@ -139,6 +148,7 @@ def main() -> None:
         SETTINGS[tasks.SINGLE_TURN]["steps"], SETTINGS[tasks.MULTI_TURN]["steps"] = args.steps
     if not Path(args.trl_python).exists():
         sys.exit(f"No TRL interpreter at {args.trl_python}: create the venv (README, Performance) or pass --trl-python")
+    torch.set_num_threads(THREADS)  # warm-up and evaluation; the runs set their own
     start, load0 = time.perf_counter(), os.getloadavg()[0]
     results: dict = {}
     with tempfile.TemporaryDirectory(prefix="vs_trl_") as tmp:
@@ -150,7 +160,7 @@ def main() -> None:
             cfg = roll_agent_config(task, model, root / f"roll_agent-{task}", SETTINGS[task], len(probe_ids))
             ours = run_roll_agent(cfg)
             print(f"{task}: roll_agent {ours['seconds']:.1f} s", flush=True)
-            theirs = run_trl(task, model, root, args.trl_python, probe_seed)
+            theirs = run_trl(task, model, root, args.trl_python, probe_seed, args.trl_threads)
             print(f"{task}: TRL {theirs['seconds']:.1f} s", flush=True)
             if theirs["prompt_ids"] != probe_ids:
                 raise RuntimeError(f"{task}: TRL and roll_agent prompt the model differently; fix the task setup")

@@ -70,6 +70,10 @@ def grpo_config(spec: dict, out: Path) -> GRPOConfig:
 
 def main() -> None:
     spec = json.loads(Path(sys.argv[1]).read_text())
+    if spec.get("torch_threads"):
+        import torch
+
+        torch.set_num_threads(spec["torch_threads"])
     out = Path(spec["out"])
     task = spec["task"]
     tokenizer = AutoTokenizer.from_pretrained(spec["model"], padding_side="left")
