@@ -25,7 +25,7 @@ from roll_agent.tiny_model import build_tiny_model, env_corpus
 from roll_agent.train.trainer import TorchTrainer
 from roll_agent.train.warmup import run_warmup
 
-SFT_STEPS = 40  # teaches the formats; the tiny model does not solve the tasks from it
+SFT_STEPS = 150  # teaches the formats (tool call, answer); the tiny model does not solve the tasks from it
 PROBE_SEED = 4242
 
 

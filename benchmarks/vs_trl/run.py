@@ -54,8 +54,8 @@ HP = {"group_size": 8, "groups_per_batch": 4, "micro_batch_size": 8, "lr": 1e-3,
 # made TRL 5-20x slower on the shared 2-core machine: OpenMP threads spin against other jobs.
 THREADS = 1
 SETTINGS = {  # steps: optimizer steps (x 32 trained samples); max_tokens: per completion
-    tasks.SINGLE_TURN: {"steps": 10, "max_tokens": 16, "max_turns": 1},
-    tasks.MULTI_TURN: {"steps": 8, "max_tokens": 64, "max_turns": 3},
+    tasks.SINGLE_TURN: {"steps": 20, "max_tokens": 16, "max_turns": 1},
+    tasks.MULTI_TURN: {"steps": 12, "max_tokens": 96, "max_turns": 3},
 }
 
 
@@ -88,7 +88,9 @@ def run_roll_agent(cfg: Config) -> dict:
         curve.append((clock, r["reward_mean"]))
     return {"seconds": clock, "samples": sum(r["episodes"] for r in rows), "curve": curve,
             "model": str(Checkpointer(out).latest() / "model"),
-            "staleness": sum(r["staleness_mean"] for r in rows) / len(rows)}
+            "staleness": sum(r["staleness_mean"] for r in rows) / len(rows),
+            # every turn but the last is a tool call (single-turn: none)
+            "tool_calls": sum(r["episode_len_mean"] for r in rows) / len(rows) - 1}
 
 
 def run_trl(task: str, model: str, root: Path, python: str, probe_seed: int, threads: int) -> dict:
@@ -177,13 +179,14 @@ def report(results: dict, args, elapsed: float, load0: float) -> None:
     rows, ratios = [], {}
     for task, pair in results.items():
         for name, res in pair.items():
-            rows.append((task, name, res["samples"], res["seconds"], res["samples_per_s"], res["train_reward"],
-                         res["eval_reward"]))
+            rows.append((task, name, int(res["samples"]), res["seconds"], res["samples_per_s"], res["tool_calls"],
+                         res["train_reward"], res["eval_reward"]))
         ours, theirs = pair["roll_agent"], pair["TRL"]
         ratios[task] = ours["samples_per_s"] / theirs["samples_per_s"]
     print(f"\nsame checkpoint, G={HP['group_size']}, {HP['groups_per_batch']} groups/step, lr={HP['lr']}; "
           f"{elapsed:.0f} s in all; load average {load0:.1f} -> {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
-    print(table(rows, ("task", "framework", "samples", "wall_s", "samples/s", "train_reward", "eval_reward")))
+    print(table(rows, ("task", "framework", "samples", "wall_s", "samples/s", "tool_calls/sample", "train_reward",
+                       "eval_reward")))
     plot(results, Path(args.plot))
     print(f"plot: {args.plot}")
     st, mt = results[tasks.SINGLE_TURN], results[tasks.MULTI_TURN]

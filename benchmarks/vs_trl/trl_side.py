@@ -36,6 +36,7 @@ class Clock(TrainerCallback):
     def __init__(self):
         self.t0 = self.t1 = 0.0
         self.curve: list[tuple[float, float]] = []
+        self.tool_calls: list[float] = []  # per sample, each step
 
     def on_train_begin(self, args, state, control, **kwargs):
         self.t0 = time.perf_counter()
@@ -43,6 +44,7 @@ class Clock(TrainerCallback):
     def on_log(self, args, state, control, logs=None, **kwargs):
         if logs and "reward" in logs:
             self.curve.append((time.perf_counter() - self.t0, float(logs["reward"])))
+            self.tool_calls.append(float(logs.get("tools/call_frequency", 0.0)))
 
     def on_train_end(self, args, state, control, **kwargs):
         self.t1 = time.perf_counter()
@@ -93,6 +95,7 @@ def main() -> None:
     tokenizer.save_pretrained(str(out / "model"))
     result = {"seconds": clock.t1 - clock.t0, "samples": spec["steps"] * spec["hp"]["group_size"]
               * spec["hp"]["groups_per_batch"], "curve": clock.curve, "model": str(out / "model"),
+              "tool_calls": sum(clock.tool_calls) / max(len(clock.tool_calls), 1),
               "prompt_ids": probe_prompt(trainer, task, spec["probe_seed"]), "torch_threads": torch_threads()}
     (out / "result.json").write_text(json.dumps(result))
 
