@@ -115,7 +115,7 @@ class EnvManager:
                 obs, info = await areset(seed=seed)
         else:
             obs, info = await self._call(self.env.reset, seed=seed, timeout=cfg.step_timeout_s)
-        prompt = self.formatter.first_prompt(str(info.get("instructions", "")), str(obs))
+        prompt = self.formatter.first_prompt(str(info.get("instructions", "")), str(obs), info.get("tools"))
         traj.append(prompt, generated=False)
         traj.prompt_len = len(prompt)
         gen_s = env_s = 0.0
