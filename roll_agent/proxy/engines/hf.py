@@ -1,11 +1,13 @@
 """The transformers engine: batches concurrent requests, decodes with a KV cache off
 the event loop, and returns the log-prob of every sampled token.
 
-Serving is step-interleaved (a simple form of continuous batching): the loop advances
-every running batch by one token per iteration, so a request that arrives while
-others decode is prefilled at the next iteration instead of waiting for their batch to
-end, and each request returns as soon as it stops. Abort is checked every token, so a
-suspend for a weight update returns partial outputs within one decode step.
+Continuous batching: each iteration of the serving loop advances the running batch by
+one token; requests that arrived meanwhile are prefilled together and folded into the
+running KV cache (left-padded to one length), finished rows are dropped, so a request
+never waits for others' batch to end and returns as soon as it stops. (Caches other than
+plain full-attention ones, e.g. sliding-window layers, run as separate batches.) Abort is
+checked every token, so a suspend for a weight update returns partial outputs within
+one decode step.
 """
 
 from __future__ import annotations
