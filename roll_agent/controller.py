@@ -96,7 +96,7 @@ class AsyncController:
                    invalid_action_rate=sum(t.metrics.get("invalid_actions", 0) for t in trajs)
                    / max(sum(t.num_turns for t in trajs), 1))
         counts = self.p.rollout.scheduler.counts
-        for key in ("started", "finished", "truncated", "aborted", "env_error"):
+        for key in ("started", "finished", "truncated", "aborted", "env_error", "lost"):
             out[f"episodes_{key}"] = counts.get(key, 0) - self._last_counts.get(key, 0)
         out["env_errors"] = out.pop("episodes_env_error")
         self._last_counts = dict(counts)
