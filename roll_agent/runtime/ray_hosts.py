@@ -132,7 +132,8 @@ class ProxyHost:
         backend = "nccl" if cfg.engine.device.startswith("cuda") else "gloo"
         self.sync = ObjectStoreSync(trainer) if sync_type == "object_store" else \
             BroadcastSync(trainer, cfg.weight_sync.bucket_mb, backend)
-        self.faults = Counter()  # engine_restarts, engine_requests_lost
+        self.faults = Counter()  # engine_restarts, engine_requests_lost, sync_retries
+        self.max_restarts = cfg.runtime.ray.max_restarts
         self._lock = asyncio.Lock()  # one suspend-update-resume at a time (the controller's or a recovery)
         self._recovering: set[int] = set()
 
@@ -149,7 +150,14 @@ class ProxyHost:
         async with self._lock:
             await self.proxy.suspend()
             try:
-                return await self.proxy.update_weights(self.sync.push, version)
+                for retry in range(self.max_restarts + 1):
+                    try:
+                        return await self.proxy.update_weights(self.sync.push, version)
+                    except RayActorError:  # an engine died mid-sync: wait for its restart, then sync all again
+                        if retry == self.max_restarts:
+                            raise  # _alive raises first for an actor that is gone for good
+                        self.faults["sync_retries"] += 1
+                        await asyncio.gather(*(_alive(e.handle) for e in self.engines))
             finally:
                 await self.proxy.resume()
 
@@ -162,15 +170,11 @@ class ProxyHost:
 
     async def _recover(self, engine: RemoteEngine) -> None:
         """Wait for Ray to restart the engine actor, then sync every engine to the served version."""
-        while True:
-            try:
-                await engine.handle.ping.remote()
-                break
-            except ActorDiedError:
-                log.error("engine %d is dead for good (runtime.ray.max_restarts spent)", engine.index)
-                return
-            except RayActorError:  # still restarting
-                await asyncio.sleep(0.5)
+        try:
+            await _alive(engine.handle)
+        except ActorDiedError:
+            log.error("engine %d is dead for good (runtime.ray.max_restarts spent)", engine.index)
+            return
         self.sync.formed = False
         await self.update_weights(self.proxy.version)
         engine.down = False
@@ -180,6 +184,18 @@ class ProxyHost:
 
     async def close(self) -> None:
         await self.proxy.close()
+
+
+async def _alive(handle) -> None:
+    """Return once the actor answers (Ray restarts a dead one); ActorDiedError if it never will."""
+    while True:
+        try:
+            await handle.ping.remote()
+            return
+        except ActorDiedError:
+            raise
+        except RayActorError:  # restarting
+            await asyncio.sleep(0.5)
 
 
 class RemoteProxy:

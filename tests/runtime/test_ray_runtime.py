@@ -121,3 +121,34 @@ def test_ray_temp_dir_is_short_and_linked_from_a_long_output_dir(tmp_path):
         assert os.path.realpath(deep / "ray") == os.path.realpath(temp)
     finally:
         os.rmdir(temp)
+
+
+async def _kill_engine_after_first_step(out) -> dict:
+    """SIGKILL the engine actor after the first training step; returns the proxy's stats
+    once Ray restarted it and the proxy re-synced it."""
+    while not ((out / "metrics.jsonl").exists() and any("loss" in r for r in read_rows(out / "metrics.jsonl"))):
+        await asyncio.sleep(0.2)
+    engine, proxy = ray.get_actor("engine-0"), ray.get_actor("proxy")
+    os.kill(await engine.ping.remote(), signal.SIGKILL)
+    while not (stats := await proxy.stats.remote()).get("engine_restarts"):
+        await asyncio.sleep(0.2)
+    return stats
+
+
+@pytest.mark.slow
+def test_killed_engine_is_restarted_resynced_and_no_episode_is_lost(tmp_path):
+    cfg = ray_cfg(tmp_path, "max_steps=4")
+
+    async def scenario():
+        training = asyncio.create_task(train(cfg))
+        stats = await _kill_engine_after_first_step(tmp_path)
+        return await training, stats
+
+    final, stats = run(scenario(), timeout=300)
+    assert final == 4
+    assert stats["engine_restarts"] == 1 and stats["engine_requests_lost"] >= 1
+    assert stats["version"] >= 1  # re-synced to the served version, not the base model's 0
+    rows = [r for r in read_rows(tmp_path / "metrics.jsonl") if "loss" in r]
+    assert [r["step"] for r in rows] == [1, 2, 3, 4]
+    assert sum(r["episodes_lost"] for r in rows) == 0
+    assert _ray_processes_of(tmp_path) == []
