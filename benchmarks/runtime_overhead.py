@@ -34,12 +34,13 @@ RUNTIMES = ("local", "ray")
 
 
 def make_config(runtime: str, out: Path, args, model_path: str = "") -> Config:
-    return load_config(None, [
+    cfg = load_config(None, [
         f"output_dir={out}", f"max_steps={args.steps}", f"runtime.type={runtime}", "runtime.torch_threads=1",
-        f"runtime.ray.num_cpus={args.cpus}", f"model.path={model_path}",
-        "warmup.sft_steps=0", "eval.num_episodes=0", "checkpoint.every=0",
+        f"runtime.ray.num_cpus={args.cpus}", "warmup.sft_steps=0", "eval.num_episodes=0", "checkpoint.every=0",
         "logging.progress=false", "logging.tensorboard=false", "logging.plot=false",
     ])
+    cfg.model.path = model_path
+    return cfg
 
 
 def run_one(runtime: str, root: Path, model_path: str, args, tag: str) -> dict:
