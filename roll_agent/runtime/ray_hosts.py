@@ -153,10 +153,12 @@ class ProxyHost:
                 for retry in range(self.max_restarts + 1):
                     try:
                         return await self.proxy.update_weights(self.sync.push, version)
-                    except RayActorError:  # an engine died mid-sync: wait for its restart, then sync all again
-                        if retry == self.max_restarts:
+                    except Exception:  # an engine died mid-sync (the trainer then sees "connection closed"):
+                        if retry == self.max_restarts:  # wait for its restart, then sync all again
                             raise  # _alive raises first for an actor that is gone for good
                         self.faults["sync_retries"] += 1
+                        log.warning("weight sync to version %d failed; retrying once every engine answers",
+                                    version, exc_info=True)
                         await asyncio.gather(*(_alive(e.handle) for e in self.engines))
             finally:
                 await self.proxy.resume()
