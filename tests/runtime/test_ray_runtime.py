@@ -61,12 +61,16 @@ def test_ray_run_trains_checkpoints_resumes_and_leaves_nothing_running(tmp_path)
     assert _ray_processes_of(tmp_path) == []
 
 
+async def _first_step(out) -> None:
+    path = out / "metrics.jsonl"
+    while not (path.exists() and any("loss" in r for r in read_rows(path))):
+        await asyncio.sleep(0.2)
+
+
 async def _kill_busy_env_worker(out) -> tuple[int, int]:
     """After the first training step, SIGKILL env worker 0 while it plays a group; returns
     its pid before and after Ray restarted it."""
-    while not any("loss" in r for r in read_rows(out / "metrics.jsonl")) if (out / "metrics.jsonl").exists() \
-            else True:
-        await asyncio.sleep(0.2)
+    await _first_step(out)
     worker, buffer = ray.get_actor("env-worker-0"), ray.get_actor("buffer")
     while not (await buffer.snapshot.remote())["held"].get((0, 0)):
         await asyncio.sleep(0.05)
@@ -126,8 +130,7 @@ def test_ray_temp_dir_is_short_and_linked_from_a_long_output_dir(tmp_path):
 async def _kill_engine_after_first_step(out) -> dict:
     """SIGKILL the engine actor after the first training step; returns the proxy's stats
     once Ray restarted it and the proxy re-synced it."""
-    while not ((out / "metrics.jsonl").exists() and any("loss" in r for r in read_rows(out / "metrics.jsonl"))):
-        await asyncio.sleep(0.2)
+    await _first_step(out)
     engine, proxy = ray.get_actor("engine-0"), ray.get_actor("proxy")
     os.kill(await engine.ping.remote(), signal.SIGKILL)
     while not (stats := await proxy.stats.remote()).get("engine_restarts"):
