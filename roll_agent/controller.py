@@ -11,15 +11,20 @@ Generation never waits for training beyond what the async ratio demands.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from dataclasses import dataclass
 
 from roll_agent.checkpoint import Checkpointer
 from roll_agent.config import CheckpointConfig, EvalConfig
 from roll_agent.metrics import MetricsLogger
+from roll_agent.rollout.accounting import OUTCOMES
 from roll_agent.rollout.evaluate import evaluate, summarize
 from roll_agent.rollout.stack import RolloutStack
 from roll_agent.types import Group
+from roll_agent.watchdog import Stuck
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -54,10 +59,11 @@ class AsyncController:
         if step == 0:
             await self._evaluate(step)
         rollout.scheduler.start()
+        rollout.watchdog.start()
         try:
             while step < self.max_steps:
                 t0 = time.perf_counter()
-                batch = await rollout.buffer.get_batch(p.trainer.version)
+                batch = await self._next_batch(p.trainer.version)
                 t1 = time.perf_counter()
                 metrics = await asyncio.to_thread(p.trainer.step, batch)
                 sync = await self.sync_weights(p.trainer.version)
@@ -72,13 +78,31 @@ class AsyncController:
                     await self._evaluate(step)
         finally:
             await rollout.scheduler.stop()
+        self.logger.log({"step": step, **rollout.accounting()})  # after shutdown: the cancelled rest counted
         await self._evaluate(step)
         self.save(step)
         return step
 
+    async def _next_batch(self, version: int) -> list[Group]:
+        """The buffer's next batch; a wait past watchdog.batch_timeout_s cancels the running episodes
+        (they start afresh) and is retried, `max_batch_stalls` times in a row at most."""
+        rollout, cfg = self.p.rollout, self.p.rollout.watchdog.cfg
+        for _ in range(cfg.max_batch_stalls):
+            what = f"batch for version {version + 1} ({len(rollout.buffer)} groups ready)"
+            try:
+                async with rollout.watchdog.watch("batch", what, cfg.batch_timeout_s):
+                    return await rollout.buffer.get_batch(version)
+            except Stuck:
+                log.warning("watchdog: still waiting on %s", "; ".join(rollout.watchdog.oldest()) or "nothing")
+                await rollout.scheduler.cancel_running()
+        raise RuntimeError(f"no batch for version {version + 1} after {cfg.max_batch_stalls} waits of "
+                           f"{cfg.batch_timeout_s:.0f}s (watchdog.batch_timeout_s); the envs or engines are stuck: "
+                           "see the watchdog warnings above")
+
     def save(self, step: int) -> None:
         p = self.p
-        extra = {"buffer": p.rollout.buffer.state_dict(), "scheduler": p.rollout.scheduler.state_dict()}
+        extra = {"buffer": p.rollout.buffer.state_dict(p.rollout.scheduler.num_in_flight),
+                 "scheduler": p.rollout.scheduler.state_dict()}
         self.checkpointer.save(step, p.trainer, p.tokenizer, extra)
 
     async def _evaluate(self, step: int) -> None:
@@ -95,12 +119,18 @@ class AsyncController:
         out.update(staleness_mean=sum(stale) / len(stale), staleness_max=float(max(stale)),
                    invalid_action_rate=sum(t.metrics.get("invalid_actions", 0) for t in trajs)
                    / max(sum(t.num_turns for t in trajs), 1))
-        counts = self.p.rollout.scheduler.counts
-        for key in ("started", "finished", "truncated", "aborted", "env_error", "lost"):
+        rollout = self.p.rollout
+        counts = rollout.buffer.ledger.counts
+        for key in ("started", *OUTCOMES):
             out[f"episodes_{key}"] = counts.get(key, 0) - self._last_counts.get(key, 0)
         out["env_errors"] = out.pop("episodes_env_error")
+        out["episodes_aborted"] = out.pop("episodes_cancelled")  # cancelled: the Trajectory status `aborted`
         self._last_counts = dict(counts)
-        out["dropped_stale"] = self.p.rollout.buffer.stats["episodes_dropped_stale"]
+        out["dropped_stale"] = rollout.buffer.stats["episodes_dropped_stale"]
+        out.update(rollout.accounting(), **rollout.watchdog.metrics(),
+                   **{f"proxy_{k}": rollout.proxy.stats[k] for k in ("request_failures", "engine_crashes")})
+        # which samples this step trained on: a resumed run can be checked never to train one twice
+        out["trained_samples"] = [f"{t.group_id}:{t.env_id}" for t in trajs]
         now = time.perf_counter()
         tokens = self.p.rollout.proxy.stats["gen_tokens"]
         out["gen_tokens_per_s"] = (tokens - self._last_tokens) / max(now - self._last_time, 1e-9)

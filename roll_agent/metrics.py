@@ -67,7 +67,15 @@ def _jsonable(value):
 
 
 def read_rows(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    """All rows; a torn last line (the process was killed mid-write) is left out."""
+    lines = [line for line in path.read_text().splitlines() if line.strip()]
+    rows = [json.loads(line) for line in lines[:-1]]
+    if lines:
+        try:
+            rows.append(json.loads(lines[-1]))
+        except json.JSONDecodeError:
+            pass
+    return rows
 
 
 def plot_curves(metrics_path: Path, out_png: Path) -> None:

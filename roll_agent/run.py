@@ -28,7 +28,7 @@ def prepare_model(cfg: Config, out: Path) -> str:
     """A user's checkpoint, or the tiny model built from the envs' own text."""
     if cfg.model.path:
         return cfg.model.path
-    corpus = lambda: env_corpus(cfg.envs, seed=cfg.seed)  # noqa: E731
+    corpus = lambda: env_corpus(cfg.envs, episodes_per_env=cfg.model.tiny.corpus_episodes, seed=cfg.seed)  # noqa: E731
     key = [(s.id, s.kwargs) for s in cfg.envs]
     return str(build_tiny_model(out / "base_model", cfg.model.tiny, corpus, seed=cfg.seed, key=key))
 
@@ -56,6 +56,8 @@ async def run_components(cfg: Config, runtime, model_path: str, out: Path) -> in
     extra = trainer.load(resume_from) if resume_from else None
     first_step = trainer.version
     logger = MetricsLogger(out, cfg.logging, cfg.max_steps, first_step)
+    if resume_from:
+        logger.log({"step": first_step, "resumed_from_step": first_step})
     if extra is None and cfg.warmup.sft_steps:
         run_warmup(trainer, cfg.envs, formatter, cfg.warmup, cfg.rollout, cfg.seed, log=logger.log)
 

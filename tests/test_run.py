@@ -39,11 +39,13 @@ def test_each_loss_trains_two_steps(tmp_path, loss):
     assert [r["version"] for r in rows] == [1, 2]
     for r in rows:
         for key in ("reward_mean", "success_rate", "episode_len_mean", "staleness_mean", "staleness_max",
-                    "dropped_stale", "episodes_aborted", "env_errors", "gen_tokens_per_s", "train_tokens_per_s",
+                    "dropped_stale", "episodes_aborted", "env_errors", "accounting_ok", "gen_tokens_per_s", "train_tokens_per_s",
                     "time_wait_data_s", "time_train_s", "time_sync_s", "loss", "entropy", "grad_norm",
                     "is_weight_mean", "kl"):
             assert key in r, key
         assert r["grad_norm"] == r["grad_norm"]  # not NaN
+    final = [r for r in read_rows(tmp_path / "metrics.jsonl") if "accounting_ok" in r and "loss" not in r]
+    assert len(final) == 1 and final[0]["accounting_ok"] and final[0]["episodes_total_started"] > 0
     evals = [r for r in read_rows(tmp_path / "metrics.jsonl") if "eval_success_rate" in r]
     assert [r["step"] for r in evals] == [0, 2]
     assert (tmp_path / "curves.png").stat().st_size > 1000

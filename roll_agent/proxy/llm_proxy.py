@@ -5,24 +5,38 @@ update is suspend -> update -> resume: suspend stops dispatch and aborts in-flig
 requests (or lets them drain); each aborted request keeps its partial tokens and is
 re-issued from its prefix after resume, so callers never see the abort and per-token
 versions show the switch.
+
+Faults: a request that raises or passes the watchdog's `request_timeout_s` is aborted
+and re-issued from its prefix on another engine (up to `max_request_retries` times).
+An engine that reports itself dead (`alive` false) is taken out of routing, restarted
+in the background when it can be (`restart()`), given the current weights, and put back.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from typing import Awaitable, Callable
 
 from roll_agent.config import ProxyConfig
 from roll_agent.types import GenerateRequest, GenerateResult, SamplingParams
+from roll_agent.watchdog import Watchdog
+
+log = logging.getLogger(__name__)
 
 
 class GenerationAborted(Exception):
     """Raised to a caller whose env's requests were aborted with `abort(env_id)`."""
 
 
+class EngineFailure(RuntimeError):
+    """A request failed on every try, or no engine is left to serve it."""
+
+
 class LLMProxy:
-    def __init__(self, engines: list, cfg: ProxyConfig | None = None, version: int = 0):
+    def __init__(self, engines: list, cfg: ProxyConfig | None = None, version: int = 0,
+                 watchdog: Watchdog | None = None):
         if not engines:
             raise ValueError("LLMProxy needs at least one engine")
         self.engines = engines
@@ -36,20 +50,27 @@ class LLMProxy:
         self._running.set()
         self._drained = asyncio.Event()
         self._drained.set()
-        self.stats = {"requests": 0, "reissues": 0, "user_aborts": 0, "gen_tokens": 0}
+        self.watchdog = watchdog or Watchdog()
+        self._down: set[int] = set()  # crashed engines, out of routing until restarted
+        self._up = asyncio.Event()  # set whenever an engine comes back
+        self._restarts: set[asyncio.Task] = set()
+        self._push: Callable[[list, int], Awaitable[dict]] | None = None  # the last weight push, for restarts
+        self.stats = {"requests": 0, "reissues": 0, "user_aborts": 0, "gen_tokens": 0, "request_failures": 0,
+                      "engine_crashes": 0, "engine_restarts": 0}
 
     # ---- callers -------------------------------------------------------
     async def generate(self, request: GenerateRequest) -> GenerateResult:
         tokens: list[int] = []
         logprobs: list[float] = []
         versions: list[int] = []
-        attempt = 0
+        attempt = failures = 0
+        failed_on: set[int] = set()  # engines this request failed on: tried last
         self.stats["requests"] += 1
         while True:
             await self._running.wait()
             if request.env_id in self._aborted_envs:
                 raise GenerationAborted(request.env_id)
-            idx = self._route(request.env_id)
+            idx = await self._route_live(request.env_id, failed_on)
             version = self.version
             sub_id = f"{request.request_id}.{attempt}"
             sampling = _remaining(request.sampling, len(tokens))
@@ -57,10 +78,18 @@ class LLMProxy:
             self._load[idx] += 1
             self._drained.clear()
             try:
-                out = await self.engines[idx].generate(request.prompt_ids + tokens, sampling, sub_id)
+                async with self.watchdog.watch("request", f"request {sub_id} of env {request.env_id} on engine {idx}",
+                                               self.watchdog.cfg.request_timeout_s):
+                    out = await self.engines[idx].generate(request.prompt_ids + tokens, sampling, sub_id)
             except asyncio.CancelledError:
                 await self.engines[idx].abort(sub_id)
                 raise
+            except Exception as exc:  # engine error, crash, or stuck past the watchdog: re-issue elsewhere
+                failures += 1
+                failed_on.add(idx)
+                await self._failed(idx, sub_id, request, exc, failures)
+                attempt += 1
+                continue
             finally:
                 self._load[idx] -= 1
                 del self._inflight[sub_id]
@@ -79,10 +108,58 @@ class LLMProxy:
             attempt += 1
             self.stats["reissues"] += 1
 
+    async def _failed(self, idx: int, sub_id: str, request: GenerateRequest, exc: Exception, failures: int) -> None:
+        self.stats["request_failures"] += 1
+        self._sticky.pop(request.env_id, None)  # try another engine next
+        await self.engines[idx].abort(sub_id)  # a stuck request must not keep running on the engine
+        if not getattr(self.engines[idx], "alive", True) and idx not in self._down:
+            self.stats["engine_crashes"] += 1
+            log.warning("engine %d crashed (%s): out of routing until restarted", idx, exc)
+            self._down.add(idx)
+            if hasattr(self.engines[idx], "restart"):
+                task = asyncio.create_task(self._restart(idx), name=f"restart-engine-{idx}")
+                self._restarts.add(task)
+                task.add_done_callback(self._restarts.discard)
+        if failures > self.cfg.max_request_retries:
+            raise EngineFailure(f"request {request.request_id} of env {request.env_id} failed {failures} times; "
+                                f"last: {type(exc).__name__}: {exc}") from exc
+        self.stats["reissues"] += 1
+
+    async def _restart(self, idx: int) -> None:
+        engine = self.engines[idx]
+        try:
+            await engine.restart()
+            pushed = None
+            while self._push is not None and pushed != self.version:  # the current weights, not its initial ones
+                await self._running.wait()  # not in the middle of a weight update
+                pushed = self.version
+                await self._push([engine], pushed)
+        except Exception:
+            log.exception("engine %d failed to restart; it stays out of routing", idx)
+            return
+        self.stats["engine_restarts"] += 1
+        self._down.discard(idx)
+        self._up.set()
+
+    async def _route_live(self, env_id: str, avoid: set[int]) -> int:
+        """Route among live engines; with all down, wait for a restart (none pending: EngineFailure)."""
+        while len(self._down) == len(self.engines):
+            if not self._restarts:
+                raise EngineFailure("every engine has crashed and none can be restarted")
+            self._up.clear()
+            await self._up.wait()
+        if avoid:
+            live = [i for i in range(len(self.engines)) if i not in self._down]
+            others = [i for i in live if i not in avoid] or live
+            return min(others, key=self._load.__getitem__)
+        return self._route(env_id)
+
     def _route(self, env_id: str) -> int:
-        least = min(range(len(self._load)), key=self._load.__getitem__)
+        live = [i for i in range(len(self.engines)) if i not in self._down]
+        least = min(live, key=self._load.__getitem__)
         sticky = self._sticky.get(env_id)
-        if sticky is not None and self._load[sticky] <= self._load[least] + self.cfg.sticky_slack:
+        if (sticky is not None and sticky not in self._down
+                and self._load[sticky] <= self._load[least] + self.cfg.sticky_slack):
             return sticky
         if env_id:
             self._sticky[env_id] = least
@@ -101,7 +178,9 @@ class LLMProxy:
         if self._running.is_set():
             raise RuntimeError("update_weights needs a suspended proxy: call suspend() first")
         start = time.perf_counter()
-        report = await push(self.engines, version)
+        self._push = push
+        live = [e for i, e in enumerate(self.engines) if i not in self._down]  # a restart pushes on its own
+        report = await push(live, version)
         self.version = version
         report.setdefault("seconds", time.perf_counter() - start)
         return report
@@ -124,6 +203,9 @@ class LLMProxy:
         return len(self._inflight)
 
     async def close(self) -> None:
+        for task in list(self._restarts):
+            task.cancel()
+        await asyncio.gather(*self._restarts, return_exceptions=True)
         await asyncio.gather(*(e.close() for e in self.engines))
 
 

@@ -17,6 +17,7 @@ import asyncio
 from collections import deque
 
 from roll_agent.config import RolloutConfig
+from roll_agent.rollout.accounting import EpisodeLedger
 from roll_agent.types import Group
 
 
@@ -33,6 +34,7 @@ class SampleBuffer:
         self._groups: deque[Group] = deque()
         self._cond = asyncio.Condition()
         self.stats = {"groups_put": 0, "groups_consumed": 0, "groups_dropped_stale": 0, "episodes_dropped_stale": 0}
+        self.ledger = EpisodeLedger()  # episode outcomes; the scheduler records the ones decided in lanes
 
     def capacity(self) -> int:
         return (self.async_ratio + self.version + 1) * self.episodes_per_batch + self.extra_places
@@ -53,10 +55,15 @@ class SampleBuffer:
             self._cond.notify_all()
 
     async def put(self, group: Group) -> None:
+        # appended before the lock is taken: a group is never in neither its lane nor here (accounting)
+        self._groups.append(group)
+        self.stats["groups_put"] += 1
         async with self._cond:
-            self._groups.append(group)
-            self.stats["groups_put"] += 1
             self._cond.notify_all()
+
+    @property
+    def num_waiting_episodes(self) -> int:
+        return sum(len(g.trajectories) for g in self._groups)
 
     async def set_version(self, version: int) -> None:
         """The engines now serve `version`: admission widens by one batch per version."""
@@ -78,19 +85,24 @@ class SampleBuffer:
                 if self.is_fresh(group.min_version, train_version):
                     batch.append(group)
                     self.consumed_places += self.group_size
+                    for traj in group.trajectories:
+                        self.ledger.end(traj.status.value)
                 else:
                     self.stats["groups_dropped_stale"] += 1
                     self.stats["episodes_dropped_stale"] += len(group.trajectories)
+                    self.ledger.end("stale_dropped", len(group.trajectories))
                     self._cond.notify_all()
             self.stats["groups_consumed"] += len(batch)
         return batch
 
-    def state_dict(self) -> dict:
-        return {"consumed_places": self.consumed_places, "stats": dict(self.stats)}
+    def state_dict(self, in_flight: int = 0) -> dict:
+        return {"consumed_places": self.consumed_places, "stats": dict(self.stats),
+                "episodes": self.ledger.state_dict(in_flight)}
 
     def load_state_dict(self, state: dict) -> None:
         self.consumed_places = state["consumed_places"]
         self.stats.update(state["stats"])
+        self.ledger.load_state_dict(state.get("episodes", {}))
 
     def __len__(self) -> int:
         return len(self._groups)

@@ -37,8 +37,9 @@ class ChatFormatter:
         self.end_of_turn_id = next((i for text, i in self._stop_texts.items() if self._between.startswith(text)),
                                    self.stop_token_ids[0] if self.stop_token_ids else None)
 
-    def _render(self, messages, add_generation_prompt: bool) -> str:
-        return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt)
+    def _render(self, messages, add_generation_prompt: bool, tools: list | None = None) -> str:
+        return self.tokenizer.apply_chat_template(messages, tools=tools or None, tokenize=False,
+                                                  add_generation_prompt=add_generation_prompt)
 
     def _stop_ids(self) -> tuple[int, ...]:
         ids = set()
@@ -51,11 +52,12 @@ class ChatFormatter:
                 ids.add(tid)
         return tuple(sorted(ids))
 
-    def first_prompt(self, instructions: str, observation: str) -> list[int]:
+    def first_prompt(self, instructions: str, observation: str, tools: list | None = None) -> list[int]:
+        """`tools`: the env's JSON tool schemas (`info["tools"]`), rendered by templates that support them."""
         messages = [{"role": "user", "content": observation}]
         if instructions:
             messages.insert(0, {"role": "system", "content": instructions})
-        return self.encode(self._render(messages, True))
+        return self.encode(self._render(messages, True, tools))
 
     def next_turn(self, observation: str, response_ended_with_stop: bool) -> list[int]:
         """Tokens between the model's last response and its next one."""

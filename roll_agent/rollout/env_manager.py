@@ -19,6 +19,7 @@ from roll_agent.proxy.llm_proxy import GenerationAborted
 from roll_agent.rollout.chat import ChatFormatter
 from roll_agent.rollout.envs import make_env
 from roll_agent.types import GenerateRequest, SamplingParams, Status, Trajectory
+from roll_agent.watchdog import Watchdog
 
 log = logging.getLogger(__name__)
 
@@ -29,7 +30,7 @@ class EnvStepError(RuntimeError):
 
 class EnvManager:
     def __init__(self, env_id: str, spec: EnvSpec, formatter: ChatFormatter, proxy, cfg: RolloutConfig,
-                 executor: Executor | None = None):
+                 executor: Executor | None = None, watchdog: Watchdog | None = None):
         self.env_id = env_id
         self.spec = spec
         self.tag = spec.name
@@ -37,18 +38,22 @@ class EnvManager:
         self.proxy = proxy
         self.cfg = cfg
         self.executor = executor
+        self.watchdog = watchdog or Watchdog()  # bounds each stage: step_timeout_s, episode_timeout_s
         self.env = None
         self.current: Trajectory | None = None  # the episode in progress (read by the scheduler)
         self._thread_call: asyncio.Future | None = None  # a blocking env call that may outlive its episode
+
+    def _stage(self, stage: str, timeout: float):
+        return self.watchdog.watch("env", f"env {self.env_id} stage {stage}", timeout)
 
     async def _call(self, fn, *args, timeout: float, **kwargs):
         loop = asyncio.get_running_loop()
         self._thread_call = loop.run_in_executor(self.executor, lambda: fn(*args, **kwargs))
         try:
-            async with asyncio.timeout(timeout):  # asyncio.timeout, not wait_for: cancel-safe on 3.11
+            async with self._stage(getattr(fn, "__name__", "env call"), timeout):
                 return await asyncio.shield(self._thread_call)
         except asyncio.TimeoutError as exc:
-            raise EnvStepError(f"{getattr(fn, '__name__', 'env call')} timed out after {timeout:.1f}s") from exc
+            raise EnvStepError(str(exc)) from exc
         except (asyncio.CancelledError, GenerationAborted):
             raise
         except Exception as exc:
@@ -59,10 +64,10 @@ class EnvManager:
         if astep is None:
             return await self._call(self.env.step, action, timeout=self.cfg.step_timeout_s)
         try:
-            async with asyncio.timeout(self.cfg.step_timeout_s):
+            async with self._stage("astep", self.cfg.step_timeout_s):
                 return await astep(action)
         except asyncio.TimeoutError as exc:
-            raise EnvStepError(f"step timed out after {self.cfg.step_timeout_s:.1f}s") from exc
+            raise EnvStepError(str(exc)) from exc
         except asyncio.CancelledError:
             raise
         except Exception as exc:
@@ -74,7 +79,8 @@ class EnvManager:
         self.current = traj
         start = time.perf_counter()
         try:
-            async with asyncio.timeout(self.cfg.episode_timeout_s):
+            async with self.watchdog.watch("episode", f"episode of env {self.env_id} (seed {seed})",
+                                           self.cfg.episode_timeout_s):
                 await self._play(traj, seed, greedy)
         except (EnvStepError, asyncio.TimeoutError) as exc:
             traj.status = Status.ENV_ERROR
@@ -105,11 +111,11 @@ class EnvManager:
             self.env = await self._call(make_env, self.spec, timeout=max(cfg.step_timeout_s, 300.0))
         areset = getattr(self.env.unwrapped, "areset", None)
         if areset is not None:  # an async env resets on the loop: no thread hop per episode
-            async with asyncio.timeout(cfg.step_timeout_s):
+            async with self._stage("areset", cfg.step_timeout_s):
                 obs, info = await areset(seed=seed)
         else:
             obs, info = await self._call(self.env.reset, seed=seed, timeout=cfg.step_timeout_s)
-        prompt = self.formatter.first_prompt(str(info.get("instructions", "")), str(obs))
+        prompt = self.formatter.first_prompt(str(info.get("instructions", "")), str(obs), info.get("tools"))
         traj.append(prompt, generated=False)
         traj.prompt_len = len(prompt)
         gen_s = env_s = 0.0

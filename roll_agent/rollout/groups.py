@@ -48,6 +48,9 @@ class Lane:
         self.spec = spec
         self.managers = managers
         self.tasks: list[asyncio.Task] = []
+        self.running: set[asyncio.Task] = set()  # episodes whose outcome is not decided yet
+        self.kept: list[Trajectory] = []  # episodes of the current group that ended well
+        self.stale = False  # the current group was cancelled as too old to train on
         self.group_id = -1
 
     def min_generated_version(self) -> int | None:
@@ -72,7 +75,8 @@ class GroupScheduler:
                 continue
             size = cfg.group_size + cfg.group_size_redundancy
             self.lanes.append(Lane(i, spec, [make_manager(f"g{i}-e{j}", spec) for j in range(size)]))
-        self.counts: Counter = Counter()  # episode accounting: started and each end status
+        self.counts: Counter = Counter()  # groups: put, stale, failed
+        self.ledger = buffer.ledger  # episodes: started and each outcome
         self._drivers: list[asyncio.Task] = []
 
     def start(self) -> None:
@@ -87,9 +91,12 @@ class GroupScheduler:
         while True:
             await self.buffer.admit()
             gid, seed = self._new_group()
-            lane.group_id = gid
+            lane.group_id, lane.stale, lane.kept = gid, False, []
             lane.tasks = [asyncio.create_task(m.run_episode(seed, gid)) for m in lane.managers]
-            self.counts["started"] += len(lane.tasks)
+            lane.running = set(lane.tasks)
+            for task in lane.tasks:
+                task.add_done_callback(lambda t, lane=lane: self._settle(lane, t))
+            self.ledger.start(len(lane.tasks))
             kept = await self._collect(lane)
             if kept:
                 self.counts["groups_put"] += 1
@@ -97,47 +104,61 @@ class GroupScheduler:
             else:
                 await self.buffer.release()
 
+    def _settle(self, lane: Lane, task: asyncio.Task) -> None:
+        """Record how one episode ended, exactly once (a done callback: also for a task cancelled unstarted)."""
+        lane.running.discard(task)
+        if task.cancelled():
+            self.ledger.end("cancelled")
+            return
+        traj = task.result()  # run_episode turns every failure into a status
+        if traj.status in (Status.FINISHED, Status.TRUNCATED):
+            lane.kept.append(traj)  # its outcome is decided when the group is trained on or dropped
+        else:
+            self.ledger.end("env_error" if traj.status is Status.ENV_ERROR else "cancelled")
+
     async def _collect(self, lane: Lane) -> list[Trajectory]:
         """Wait for `group_size` good episodes, then cancel the rest (the redundant ones)."""
-        kept: list[Trajectory] = []
-        pending = set(lane.tasks)
-        stale = False
         try:
-            while pending and len(kept) < self.cfg.group_size:
-                done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
-                for task in done:
-                    if task.cancelled():
-                        stale = True  # only on_version cancels before the group completes
-                        continue
-                    traj = task.result()
-                    self._record(traj)
-                    if traj.status in (Status.FINISHED, Status.TRUNCATED):
-                        kept.append(traj)
+            while lane.running and len(lane.kept) < self.cfg.group_size:
+                await asyncio.wait(set(lane.running), return_when=asyncio.FIRST_COMPLETED)
         finally:
-            await self._cancel(pending)
-        if stale:
+            await self._cancel(lane.running)
+        kept, extra, lane.kept = lane.kept[: self.cfg.group_size], lane.kept[self.cfg.group_size:], []
+        if extra:  # ended well at the same moment as the last needed one: redundant
+            self.ledger.end("cancelled", len(extra))
+        if lane.stale:
             self.counts["groups_stale"] += 1
+            self.ledger.end("stale_dropped", len(kept))
             return []
         if not kept:
             self.counts["groups_failed"] += 1
-        return kept[: self.cfg.group_size]
+        return kept
 
     async def _cancel(self, tasks) -> None:
+        tasks = list(tasks)
         for task in tasks:
             task.cancel()
         if tasks:
             await asyncio.gather(*tasks, return_exceptions=True)
-        self.counts[Status.ABORTED.value] += len(tasks)
 
-    def _record(self, traj: Trajectory) -> None:
-        self.counts[traj.status.value] += 1
+    @property
+    def num_in_flight(self) -> int:
+        """Episodes started and not yet given an outcome, as the live structures hold them."""
+        return sum(len(lane.running) + len(lane.kept) for lane in self.lanes) + self.buffer.num_waiting_episodes
 
     async def on_version(self, version: int) -> None:
         """Cancel running groups whose tokens are already too old to be trained on."""
         for lane in self.lanes:
             oldest = lane.min_generated_version()
-            if oldest is not None and not self.buffer.is_fresh(oldest, version):
-                await self._cancel([t for t in lane.tasks if not t.done()])
+            if oldest is not None and not self.buffer.is_fresh(oldest, version) and lane.running:
+                lane.stale = True
+                await self._cancel(lane.running)
+
+    async def cancel_running(self) -> int:
+        """Cancel every running episode (the watchdog's answer to a batch that never fills)."""
+        running = [t for lane in self.lanes for t in lane.running]
+        await self._cancel(running)
+        return len(running)
 
     def state_dict(self) -> dict:
         return {"next_group_id": self._next_group_id, "rng": self._rng.getstate(), "counts": dict(self.counts)}
@@ -152,6 +173,6 @@ class GroupScheduler:
             task.cancel()
         await asyncio.gather(*self._drivers, return_exceptions=True)
         for lane in self.lanes:
-            await self._cancel([t for t in lane.tasks if not t.done()])
+            await self._cancel(lane.running)
             for manager in lane.managers:
                 await manager.close()

@@ -8,12 +8,13 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Awaitable, Callable
 
-from roll_agent.config import EnvSpec, ProxyConfig, RolloutConfig
+from roll_agent.config import EnvSpec, ProxyConfig, RolloutConfig, WatchdogConfig
 from roll_agent.proxy.llm_proxy import LLMProxy
 from roll_agent.rollout.buffer import SampleBuffer
 from roll_agent.rollout.chat import ChatFormatter
 from roll_agent.rollout.env_manager import EnvManager
 from roll_agent.rollout.groups import GroupScheduler
+from roll_agent.watchdog import Watchdog
 
 Push = Callable[[list, int], Awaitable[dict]]
 
@@ -32,9 +33,14 @@ class RolloutStack:
     executor: ThreadPoolExecutor
     formatter: ChatFormatter
     cfg: RolloutConfig
+    watchdog: Watchdog
 
     def env_manager(self, env_id: str, spec: EnvSpec) -> EnvManager:
-        return EnvManager(env_id, spec, self.formatter, self.proxy, self.cfg, self.executor)
+        return EnvManager(env_id, spec, self.formatter, self.proxy, self.cfg, self.executor, self.watchdog)
+
+    def accounting(self) -> dict:
+        """Cumulative episode outcomes and the identity check (see rollout/accounting.py)."""
+        return self.buffer.ledger.check(self.scheduler.num_in_flight)
 
     async def update_weights(self, version: int, push: Push = _no_weights) -> dict:
         """Suspend -> push weights -> resume; then admission widens and stale groups are cancelled."""
@@ -50,17 +56,20 @@ class RolloutStack:
     async def close(self) -> None:
         await self.scheduler.stop()
         await self.proxy.close()
+        await self.watchdog.close()
         self.executor.shutdown(wait=False, cancel_futures=True)
 
 
 def build_rollout(formatter: ChatFormatter, cfg: RolloutConfig, specs: list[EnvSpec], engines: list,
-                  proxy_cfg: ProxyConfig | None = None, seed: int = 0, version: int = 0) -> RolloutStack:
-    proxy = LLMProxy(engines, proxy_cfg, version=version)
+                  proxy_cfg: ProxyConfig | None = None, seed: int = 0, version: int = 0,
+                  watchdog_cfg: WatchdogConfig | None = None) -> RolloutStack:
+    watchdog = Watchdog(watchdog_cfg)
+    proxy = LLMProxy(engines, proxy_cfg, version=version, watchdog=watchdog)
     buffer = SampleBuffer(cfg, version=version)
     executor = ThreadPoolExecutor(cfg.env_threads, thread_name_prefix="env")
 
     def manager(env_id: str, spec: EnvSpec) -> EnvManager:
-        return EnvManager(env_id, spec, formatter, proxy, cfg, executor)
+        return EnvManager(env_id, spec, formatter, proxy, cfg, executor, watchdog)
 
     scheduler = GroupScheduler(cfg, specs, buffer, manager, seed=seed)
-    return RolloutStack(proxy, buffer, scheduler, executor, formatter, cfg)
+    return RolloutStack(proxy, buffer, scheduler, executor, formatter, cfg, watchdog)

@@ -34,6 +34,14 @@ def layout(spec: Spec, bucket_mb: float) -> list[list[int]]:
     return buckets
 
 
+def bucket_device(group=None) -> torch.device:
+    """The `device` to pass for the group's backend: NCCL moves GPU memory only (this rank's
+    current GPU), gloo CPU memory; the tensors themselves may live anywhere."""
+    if dist.get_backend(group) == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
 def spec_of(named: Iterable[tuple[str, torch.Tensor]]) -> Spec:
     return [(name, t.shape, t.dtype) for name, t in named]
 

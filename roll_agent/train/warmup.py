@@ -23,7 +23,7 @@ def demonstration(env, formatter: ChatFormatter, seed: int, max_turns: int, epsi
         raise ValueError(f"{env.spec.id if env.spec else env} has no expert_action(); set warmup.sft_steps=0")
     obs, info = env.reset(seed=seed)
     traj = Trajectory(seed=seed)
-    traj.append(formatter.first_prompt(str(info.get("instructions", "")), str(obs)), generated=False)
+    traj.append(formatter.first_prompt(str(info.get("instructions", "")), str(obs), info.get("tools")), generated=False)
     for _ in range(max_turns):
         admissible = info.get("admissible_actions")
         action = rng.choice(admissible) if admissible and rng.random() < epsilon else expert()

@@ -48,6 +48,8 @@ gymnasium.register(id="NoInstructions-v0", entry_point=f"{__name__}:NoInstructio
 def test_every_registered_env_passes(env_id):
     if env_id == "roll_agent/Simulated-v0" and importlib.util.find_spec("envs.simulated") is None:
         pytest.skip("envs/simulated.py is not written yet")
+    if env_id == "roll_agent/SWE-v0":
+        pytest.skip("needs a task dataset and its docker images: checked in tests/swe/test_swe_env.py")
     assert check_text_env(env_id) == ALL_CHECKS
 
 

@@ -21,6 +21,8 @@ IDS = envs.registered_ids()
 @pytest.mark.slow
 @pytest.mark.parametrize("env_id", IDS)
 def test_builtin_env_trains_two_steps(tmp_path, env_id):
+    if env_id == "roll_agent/SWE-v0":
+        pytest.skip("needs a task dataset and its docker images: tests/swe/test_swe_training.py trains it")
     cfg = small_cfg(tmp_path, f"envs=[{{id: '{env_id}'}}]")
     assert run(train(cfg), timeout=300) == 2
     rows = [r for r in read_rows(tmp_path / "metrics.jsonl") if "loss" in r]

@@ -86,3 +86,21 @@ def test_abort_returns_partial_output(tiny_model_dir):
     assert out.finish_reason == "abort"
     assert 0 < len(out.token_ids) < 2000
     assert len(out.logprobs) == len(out.token_ids)
+
+
+def test_request_arriving_mid_decode_joins_without_waiting_for_the_running_batch(tiny_model_dir):
+    engine = HFEngine(tiny_model_dir, EngineConfig(), ModelConfig(), seed=0)
+
+    async def go():
+        long = asyncio.create_task(engine.generate([1, 2, 3], SamplingParams(max_new_tokens=100_000), "long"))
+        while not engine._running:
+            await asyncio.sleep(0.01)
+        short = await engine.generate([4, 5], SamplingParams(max_new_tokens=3), "short")
+        still_running = not long.done()
+        await engine.abort("long")
+        return short, still_running, await long
+
+    short, still_running, long = run(go())
+    assert short.finish_reason == "length" and len(short.token_ids) == 3
+    assert still_running
+    assert long.finish_reason == "abort" and len(long.token_ids) >= 3

@@ -99,13 +99,6 @@ def test_refuses_a_head_dim_the_cpu_build_cannot_run(tiny_model_dir):
         VLLMEngine(tiny_model_dir, CFG, ModelConfig())
 
 
-def test_lora_is_refused_clearly(model_dir):
-    cfg = ModelConfig()
-    cfg.lora.enabled = True
-    with pytest.raises(NotImplementedError, match="LoRA"):
-        VLLMEngine(model_dir, CFG, cfg)
-
-
 def test_logprobs_match_transformers_forward(engine, original):
     _load(engine, original, 0)
     prompts = [[5, 9, 11, 20, 33], [7, 8], [40, 41, 42, 43, 44, 45, 46, 47]]

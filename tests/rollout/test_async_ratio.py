@@ -65,7 +65,7 @@ def test_admission_bounds_how_far_generation_runs_ahead(formatter):
     async def go():
         stack.scheduler.start()
         await asyncio.sleep(0.5)
-        started = stack.scheduler.counts["started"]
+        started = stack.buffer.ledger.counts["started"]
         await stack.close()
         return started
 

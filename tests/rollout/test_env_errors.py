@@ -20,8 +20,9 @@ def test_raising_and_hanging_envs_end_only_their_episode(formatter):
 
     consumed = run(go())
     assert len(consumed) == 4
-    counts = stack.scheduler.counts
+    counts = stack.buffer.ledger.counts
     assert counts["env_error"] > 0
+    assert stack.accounting()["accounting_ok"]
     for _, batch in consumed:
         for group in batch:
             assert all(t.status != Status.ENV_ERROR for t in group.trajectories)

@@ -7,7 +7,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 import pytest
 
-from roll_agent.train.broadcast import broadcast_receive_into, broadcast_send, layout, spec_of
+from roll_agent.train.broadcast import broadcast_receive_into, broadcast_send, bucket_device, layout, spec_of
 
 
 def _free_port() -> int:
@@ -23,14 +23,16 @@ def _worker(rank: int, port: int, model_dir: str, results) -> None:
     try:
         model = AutoModelForCausalLM.from_pretrained(model_dir)
         named = list(model.named_parameters())
+        device = bucket_device()  # the NCCL path differs only here: cuda buckets
+        assert device == torch.device("cpu")
         if rank == 0:
             torch.manual_seed(1)
             with torch.no_grad():
                 for _, p in named:
                     p.add_(torch.randn_like(p))
-            report = broadcast_send(named, bucket_mb=0.05)
+            report = broadcast_send(named, bucket_mb=0.05, device=device)
         else:
-            report = broadcast_receive_into(named, bucket_mb=0.05)
+            report = broadcast_receive_into(named, bucket_mb=0.05, device=device)
         results[rank] = (report["bytes"], float(sum(p.double().sum() for _, p in named)))
     finally:
         dist.destroy_process_group()

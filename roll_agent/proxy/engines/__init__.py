@@ -2,7 +2,16 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 from roll_agent.config import EngineConfig, ModelConfig
+
+
+def engine_config(cfg: EngineConfig, i: int) -> EngineConfig:
+    """Engine i's own config: `device=cuda:N` is a pool of GPUs N .. N+num_engines-1, one each."""
+    if not cfg.device.startswith("cuda:"):
+        return cfg
+    return dataclasses.replace(cfg, device=f"cuda:{int(cfg.device.split(':', 1)[1]) + i}")
 
 
 def make_engines(cfg: EngineConfig, model_cfg: ModelConfig, model_path: str, seed: int = 0) -> list:
@@ -10,13 +19,18 @@ def make_engines(cfg: EngineConfig, model_cfg: ModelConfig, model_path: str, see
     if cfg.type == "hf":
         from roll_agent.proxy.engines.hf import HFEngine
 
-        return [HFEngine(model_path, cfg, model_cfg, seed=seed + i) for i in range(cfg.num_engines)]
+        return [HFEngine(model_path, engine_config(cfg, i), model_cfg, seed=seed + i) for i in range(cfg.num_engines)]
     if cfg.type == "vllm":
         from roll_agent.proxy.engines.vllm import VLLMEngine
 
-        return [VLLMEngine(model_path, cfg, model_cfg, seed=seed + i) for i in range(cfg.num_engines)]
+        return [VLLMEngine(model_path, engine_config(cfg, i), model_cfg, seed=seed + i)
+                for i in range(cfg.num_engines)]
     if cfg.type == "scripted":
         from roll_agent.proxy.engines.scripted import ScriptedEngine
 
         return [ScriptedEngine(cfg.scripted, seed=seed + i) for i in range(cfg.num_engines)]
-    raise ValueError(f"engine.type={cfg.type!r}: use hf, vllm or scripted")
+    if cfg.type == "openai":
+        from roll_agent.proxy.engines.openai import OpenAIEngine
+
+        return [OpenAIEngine(model_path, cfg, model_cfg, seed=seed + i) for i in range(cfg.num_engines)]
+    raise ValueError(f"engine.type={cfg.type!r}: use hf, vllm, scripted or openai")

@@ -1,9 +1,11 @@
 """The transformers engine: batches concurrent requests, decodes with a KV cache off
 the event loop, and returns the log-prob of every sampled token.
 
-Requests that arrive while a batch decodes wait for the next batch. Abort is checked
-between tokens, so a suspend for a weight update returns partial outputs within one
-decode step.
+Serving is step-interleaved (a simple form of continuous batching): the loop advances
+every running batch by one token per iteration, so a request that arrives while
+others decode is prefilled at the next iteration instead of waiting for their batch to
+end, and each request returns as soon as it stops. Abort is checked every token, so a
+suspend for a weight update returns partial outputs within one decode step.
 """
 
 from __future__ import annotations
@@ -31,6 +33,18 @@ class _Pending:
     finish: str = ""
 
 
+@dataclass
+class _Batch:
+    """Requests decoded together: one left-padded KV cache, one forward per step."""
+
+    items: list[_Pending]
+    state: dict = field(default_factory=dict)  # cache, mask, pos, logits, sampling tensors
+
+    @property
+    def done(self) -> bool:
+        return all(item.finish for item in self.items)
+
+
 class HFEngine:
     def __init__(self, model_path: str, cfg: EngineConfig, model_cfg: ModelConfig, seed: int = 0):
         self.cfg = cfg
@@ -41,6 +55,7 @@ class HFEngine:
         self._params = dict(sync_parameters(self.model, model_cfg))
         self._generator = torch.Generator(device=self.device).manual_seed(seed)
         self._queue: list[_Pending] = []
+        self._running: list[_Batch] = []
         self._aborted: set[str] = set()
         self._wakeup = asyncio.Event()
         self._idle = asyncio.Event()
@@ -61,12 +76,13 @@ class HFEngine:
             raise
 
     def _ensure_worker(self) -> None:
-        """Start the batching loop on the running event loop (again, if an earlier loop ended)."""
+        """Start the serving loop on the running event loop (again, if an earlier loop ended)."""
         loop = asyncio.get_running_loop()
         if self._worker is not None and not self._worker.done() and self._worker.get_loop() is loop:
             return
         self._wakeup, self._idle = asyncio.Event(), asyncio.Event()
         self._idle.set()
+        self._running = []
         self._worker = loop.create_task(self._serve())
 
     async def abort(self, request_id: str) -> None:
@@ -84,68 +100,87 @@ class HFEngine:
         if not item.future.done():
             item.future.set_result(EngineOutput(item.tokens, item.logprobs, reason))
 
+    def _admit(self) -> None:
+        """Start a new batch from the queue, within max_batch_size rows in flight."""
+        in_flight = sum(1 for b in self._running for item in b.items if not item.finish)
+        room = self.cfg.max_batch_size - in_flight
+        if self._queue and room > 0:
+            batch, self._queue = self._queue[:room], self._queue[room:]
+            self._running.append(_Batch(batch))
+
     async def _serve(self) -> None:
         while True:
-            if not self._queue:
+            self._admit()
+            if not self._running:
                 self._idle.set()
                 self._wakeup.clear()
                 await self._wakeup.wait()
                 continue
-            batch, self._queue = self._queue[: self.cfg.max_batch_size], self._queue[self.cfg.max_batch_size:]
             try:
-                await asyncio.to_thread(self._decode, batch)
-                for item in batch:
-                    self._finish(item, item.finish or "abort")
+                await asyncio.to_thread(self._step_all, self._running)
             except Exception as exc:  # an engine failure fails its requests, not the engine
-                for item in batch:
-                    if not item.future.done():
-                        item.future.set_exception(exc)
+                for batch in self._running:
+                    for item in batch.items:
+                        if not item.future.done():
+                            item.future.set_exception(exc)
+                self._running = []
+                continue
+            for batch in self._running:
+                for item in batch.items:
+                    if item.finish:
+                        self._finish(item, item.finish)
+            self._running = [b for b in self._running if not b.done]
 
     @torch.inference_mode()
-    def _decode(self, batch: list[_Pending]) -> None:
+    def _step_all(self, batches: list[_Batch]) -> None:
         with self._lock:
-            self._decode_locked(batch)
+            for batch in batches:
+                self._step(batch)
 
-    def _decode_locked(self, batch: list[_Pending]) -> None:
-        dev = self.device
-        lengths = [len(b.prompt_ids) for b in batch]
+    def _step(self, batch: _Batch) -> None:
+        """One forward (the prefill for a new batch), then sample one token per live request."""
+        st = batch.state
+        if not st:
+            self._prefill(batch)
+        else:
+            st["mask"] = torch.cat([st["mask"], torch.ones_like(st["mask"][:, :1])], dim=1)
+            st["pos"] = st["pos"][:, -1:] + 1
+            out = self.model(input_ids=st["tokens"][:, None], attention_mask=st["mask"], position_ids=st["pos"],
+                             past_key_values=st["cache"], use_cache=True)
+            st["cache"], st["logits"] = out.past_key_values, out.logits[:, -1].float()
+        tokens, logprobs = self._sample(st["logits"], st["temps"], st["greedy"], st["top_p"])
+        st["tokens"] = tokens
+        for i, item in enumerate(batch.items):
+            if item.finish:
+                continue
+            if item.request_id in self._aborted:
+                item.finish = "abort"
+                continue
+            tok = int(tokens[i])
+            item.tokens.append(tok)
+            item.logprobs.append(float(logprobs[i]))
+            if tok in item.sampling.stop_token_ids:
+                item.finish = "stop"
+            elif len(item.tokens) >= item.sampling.max_new_tokens:
+                item.finish = "length"
+
+    def _prefill(self, batch: _Batch) -> None:
+        dev, items = self.device, batch.items
+        lengths = [len(b.prompt_ids) for b in items]
         width = max(lengths)
-        ids = torch.full((len(batch), width), self.pad_id, dtype=torch.long)
-        mask = torch.zeros((len(batch), width), dtype=torch.long)
-        for i, item in enumerate(batch):
+        ids = torch.full((len(items), width), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((len(items), width), dtype=torch.long)
+        for i, item in enumerate(items):
             ids[i, width - lengths[i]:] = torch.tensor(item.prompt_ids)
             mask[i, width - lengths[i]:] = 1
         ids, mask = ids.to(dev), mask.to(dev)
         pos = (mask.cumsum(-1) - 1).clamp(min=0)
-        temps = torch.tensor([max(b.sampling.temperature, 1e-5) for b in batch], device=dev)[:, None]
-        greedy = torch.tensor([b.sampling.greedy for b in batch], device=dev)
-        top_p = torch.tensor([b.sampling.top_p for b in batch], device=dev)[:, None]
-        budget = max(b.sampling.max_new_tokens for b in batch)
         out = self.model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True)
-        cache, logits = out.past_key_values, out.logits[:, -1].float()
-        active = [True] * len(batch)
-        for _ in range(budget):
-            tokens, logprobs = self._sample(logits, temps, greedy, top_p)
-            for i, item in enumerate(batch):
-                if not active[i]:
-                    continue
-                if item.request_id in self._aborted:
-                    active[i], item.finish = False, "abort"
-                    continue
-                tok = int(tokens[i])
-                item.tokens.append(tok)
-                item.logprobs.append(float(logprobs[i]))
-                if tok in item.sampling.stop_token_ids:
-                    active[i], item.finish = False, "stop"
-                elif len(item.tokens) >= item.sampling.max_new_tokens:
-                    active[i], item.finish = False, "length"
-            if not any(active):
-                break
-            mask = torch.cat([mask, torch.ones((len(batch), 1), dtype=mask.dtype, device=dev)], dim=1)
-            pos = pos[:, -1:] + 1
-            out = self.model(input_ids=tokens[:, None], attention_mask=mask, position_ids=pos,
-                             past_key_values=cache, use_cache=True)
-            cache, logits = out.past_key_values, out.logits[:, -1].float()
+        batch.state.update(
+            cache=out.past_key_values, logits=out.logits[:, -1].float(), mask=mask, pos=pos,
+            temps=torch.tensor([max(b.sampling.temperature, 1e-5) for b in items], device=dev)[:, None],
+            greedy=torch.tensor([b.sampling.greedy for b in items], device=dev),
+            top_p=torch.tensor([b.sampling.top_p for b in items], device=dev)[:, None])
 
     def _sample(self, logits, temps, greedy, top_p):
         scaled = torch.log_softmax(logits / temps, dim=-1)
@@ -170,9 +205,10 @@ class HFEngine:
         self.version = version
 
     async def close(self) -> None:
-        for item in self._queue:
+        for item in self._queue + [i for b in self._running for i in b.items]:
             self._finish(item, "abort")
         self._queue.clear()
+        self._running = []
         if self._worker is not None:
             self._worker.cancel()
             try:

@@ -4,18 +4,28 @@ Tokens are a pure function of (prompt, seed); latency per request and per token 
 configurable; abort returns the partial output at once, like a real engine. Its
 log-probs depend on the loaded weights' version, so staleness and importance
 weights are observable in tests.
+
+Fault injection (ScriptedEngineConfig): a request may raise (`fail_prob`) or hang until
+aborted (`hang_prob`); every `crash_every`-th request crashes the engine: its in-flight
+requests fail, it reports `alive == False` and refuses work until `restart()`.
+Faults are drawn from (seed, request count), so a run is reproducible.
 """
 
 from __future__ import annotations
 
 import asyncio
 import hashlib
+import random
 from typing import Callable, Iterable
 
 from roll_agent.config import ScriptedEngineConfig
 from roll_agent.types import EngineOutput, SamplingParams
 
 Script = Callable[[list[int]], list[int]]
+
+
+class EngineError(RuntimeError):
+    """An injected engine fault: a failed request, or an engine that has crashed."""
 
 
 class ScriptedEngine:
@@ -30,6 +40,9 @@ class ScriptedEngine:
         self.requests_served = 0
         self.aborted_ids: list[str] = []
         self._abort_events: dict[str, asyncio.Event] = {}
+        self.alive = True
+        self.restarts = 0
+        self._requests = 0  # requests received, the clock the faults are drawn on
 
     def _tokens(self, prompt_ids: list[int], sampling: SamplingParams) -> tuple[list[int], str]:
         if self.script is not None:
@@ -79,21 +92,57 @@ class ScriptedEngine:
         except asyncio.TimeoutError:
             return False
 
+    def _fault(self) -> str:
+        self._requests += 1
+        cfg = self.cfg
+        if cfg.crash_every and self._requests % cfg.crash_every == 0:
+            return "crash"
+        roll = random.Random(f"{self.seed}-{self._requests}").random()
+        if roll < cfg.fail_prob:
+            return "fail"
+        return "hang" if roll < cfg.fail_prob + cfg.hang_prob else "ok"
+
+    def _crash(self) -> None:
+        self.alive = False
+        for event in self._abort_events.values():
+            event.set()  # in-flight requests wake up and fail
+
     async def generate(self, prompt_ids: list[int], sampling: SamplingParams, request_id: str) -> EngineOutput:
+        if not self.alive:
+            raise EngineError("engine is down (crashed); restart() it")
+        fault = self._fault()
+        if fault == "crash":
+            self._crash()
+            raise EngineError(f"engine crashed serving {request_id}")
+        if fault == "fail":
+            raise EngineError(f"injected failure of request {request_id}")
         event = self._abort_events.setdefault(request_id, asyncio.Event())
         try:
+            if fault == "hang":
+                await event.wait()
             tokens, reason = self._tokens(prompt_ids, sampling)
             out: list[int] = []
-            if await self._sleep(self.cfg.latency_s, event):
-                return EngineOutput([], [], "abort")
+            aborted = await self._sleep(self.cfg.latency_s, event)
             for t in tokens:
-                if await self._sleep(self.cfg.token_latency_s, event):
-                    return EngineOutput(out, [self._logprob(x) for x in out], "abort")
+                if aborted or await self._sleep(self.cfg.token_latency_s, event):
+                    aborted = True
+                    break
                 out.append(t)
+            if not self.alive:
+                raise EngineError(f"engine crashed while serving {request_id}")
+            if aborted:
+                return EngineOutput(out, [self._logprob(x) for x in out], "abort")
             self.requests_served += 1
             return EngineOutput(out, [self._logprob(x) for x in out], reason)
         finally:
             self._abort_events.pop(request_id, None)
+
+    async def restart(self) -> None:
+        """Bring a crashed engine back (after `restart_s`), with its initial weights (version 0)."""
+        await asyncio.sleep(self.cfg.restart_s)
+        self.alive = True
+        self.version = 0
+        self.restarts += 1
 
     async def abort(self, request_id: str) -> None:
         self.aborted_ids.append(request_id)

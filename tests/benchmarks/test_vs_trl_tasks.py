@@ -1,0 +1,63 @@
+"""The head-to-head's task adapters (no TRL needed): TRL sees the same prompts, tool and rewards as roll_agent."""
+
+import asyncio
+
+from transformers.utils import get_json_schema
+
+from benchmarks.vs_trl import tasks
+from envs.tool_use import LATENCY_TOOL_SCHEMA, TOOL_INSTRUCTIONS
+
+
+def test_reverse_reward_is_the_env_reward():
+    seeds = tasks.train_seeds(3, seed=1)
+    env = tasks.make(tasks.SINGLE_TURN)
+    answers = []
+    for s in seeds:
+        env.reset(seed=s)
+        answers.append(env.unwrapped.expert_action())
+    completions = [[{"role": "assistant", "content": a}] for a in answers]
+    assert tasks.reverse_reward(completions, seed=seeds) == [1.0, 1.0, 1.0]
+    assert tasks.reverse_reward([[{"role": "assistant", "content": "x"}]], seed=seeds[:1]) == [0.0]
+
+
+def test_prompt_rows_carry_the_env_instructions_and_observation():
+    row = tasks.prompt_row(tasks.SINGLE_TURN, 5)
+    obs, info = tasks.make(tasks.SINGLE_TURN).reset(seed=5)
+    assert row["prompt"] == [{"role": "system", "content": info["instructions"]}, {"role": "user", "content": obs}]
+    tool_row = tasks.prompt_row(tasks.MULTI_TURN, 5)
+    assert tool_row["prompt"][0]["content"] == TOOL_INSTRUCTIONS and tool_row["prompt"][1]["content"] == ""
+
+
+def test_tool_environment_matches_the_env():
+    tool_env = tasks.CalculatorToolEnv()
+    assert get_json_schema(tool_env.calculator) == LATENCY_TOOL_SCHEMA  # what TRL renders from the method
+    obs = tool_env.reset(seed=11)
+    expression = tool_env.env._expression
+    assert expression in obs
+    result = asyncio.run(tool_env.calculator(expression))
+    assert result == f"calculator result: {tool_env.env._answer}"
+    right = [{"role": "assistant", "content": f"<answer>{tool_env.env._answer}</answer>"}]
+    out_of_calls = [{"role": "assistant", "content": "", "tool_calls": [{"type": "function"}]}]
+    rewards = tasks.calculator_reward([right, out_of_calls, []], environments=[tool_env] * 3)
+    assert rewards == [1.0, 0.0, 0.0]
+
+
+def test_tool_conversation_renders_as_roll_agent_frames_it(tokenizer, formatter):
+    """A tool-calling trainer's conversation (tools in the template, a `tool` message) and roll_agent's
+    token framing (env observation as the next user turn) give the model the same text."""
+    env = tasks.make(tasks.MULTI_TURN, **tasks.NO_LATENCY)
+    obs, info = env.reset(seed=3)
+    call = env.unwrapped.expert_action()
+    tool_obs = env.step(call)[0]
+    ours = formatter.first_prompt(info["instructions"], obs, info["tools"]) + formatter.encode(call) + \
+        [formatter.end_of_turn_id] + formatter.next_turn(tool_obs, response_ended_with_stop=True)
+    arguments = {"expression": env.unwrapped._expression}
+    conversation = [
+        {"role": "system", "content": info["instructions"]}, {"role": "user", "content": obs},
+        {"role": "assistant", "content": "",
+         "tool_calls": [{"type": "function", "function": {"name": "calculator", "arguments": arguments}}]},
+        {"role": "tool", "name": "calculator", "content": tool_obs.split("\n")[1]},
+    ]
+    theirs = tokenizer.apply_chat_template(conversation, tools=info["tools"], tokenize=False,
+                                           add_generation_prompt=True)
+    assert tokenizer.decode(ours) == theirs
