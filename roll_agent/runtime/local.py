@@ -8,13 +8,13 @@ from roll_agent.config import Config, ConfigError
 from roll_agent.proxy.engines import make_engines
 from roll_agent.rollout.chat import ChatFormatter
 from roll_agent.rollout.stack import RolloutStack, build_rollout
-from roll_agent.train.trainer import TorchTrainer
+from roll_agent.train.trainer import make_trainer
 from roll_agent.train.weight_sync import InProcessSync
 
 
-def make_trainer(cfg: Config, model_path: str) -> TorchTrainer:
-    """The trainer of `cfg` (both runtimes build it here: in this process or in an actor)."""
-    return TorchTrainer(model_path, cfg.trainer, cfg.algorithm, cfg.model, cfg.rollout.temperature, seed=cfg.seed)
+def trainer_of(cfg: Config, model_path: str):
+    """The trainer of `cfg` (`trainer.type`; both runtimes build it here: in this process or in an actor)."""
+    return make_trainer(model_path, cfg.trainer, cfg.algorithm, cfg.model, cfg.rollout.temperature, seed=cfg.seed)
 
 
 class LocalRuntime:
@@ -31,13 +31,13 @@ class LocalRuntime:
     async def __aexit__(self, *exc) -> None:
         return None
 
-    def make_trainer(self) -> TorchTrainer:
-        return make_trainer(self.cfg, self.model_path)
+    def make_trainer(self):
+        return trainer_of(self.cfg, self.model_path)
 
     def make_rollout(self, formatter: ChatFormatter, version: int) -> RolloutStack:
         cfg = self.cfg
         engines = make_engines(cfg.engine, cfg.model, self.model_path, seed=cfg.seed)
-        return build_rollout(formatter, cfg.rollout, cfg.envs, engines, cfg.proxy, cfg.seed, version)
+        return build_rollout(formatter, cfg.rollout, cfg.envs, engines, cfg.proxy, cfg.seed, version, cfg.watchdog)
 
-    def make_weight_sync(self, trainer: TorchTrainer) -> InProcessSync:
+    def make_weight_sync(self, trainer) -> InProcessSync:
         return InProcessSync(trainer.named_weights)
