@@ -26,6 +26,7 @@ from roll_agent.rollout.buffer import SampleBuffer
 from roll_agent.rollout.env_manager import EnvManager
 from roll_agent.rollout.groups import GroupScheduler
 from roll_agent.types import EngineOutput, Group
+from roll_agent.watchdog import Watchdog
 
 log = logging.getLogger(__name__)
 DOWN_RETRY_S = 0.05  # a request routed to a restarting engine comes back as an abort after this
@@ -128,7 +129,8 @@ class ProxyHost:
 
     def __init__(self, cfg: Config, engine_handles: list, trainer, sync_type: str, version: int):
         self.engines = [RemoteEngine(h, i, self._engine_lost) for i, h in enumerate(engine_handles)]
-        self.proxy = LLMProxy(self.engines, cfg.proxy, version=version)
+        self.watchdog = Watchdog(cfg.watchdog)  # request_timeout_s; its counts reach the driver's
+        self.proxy = LLMProxy(self.engines, cfg.proxy, version=version, watchdog=self.watchdog)
         backend = "nccl" if cfg.engine.device.startswith("cuda") else "gloo"
         self.sync = ObjectStoreSync(trainer) if sync_type == "object_store" else \
             BroadcastSync(trainer, cfg.weight_sync.bucket_mb, backend)
@@ -146,7 +148,11 @@ class ProxyHost:
     def stats(self) -> dict:
         return {**self.proxy.stats, **self.faults, "version": self.proxy.version}
 
+    def watchdog_report(self) -> dict:
+        return {"stats": dict(self.watchdog.stats), "oldest": self.watchdog.oldest()}
+
     async def update_weights(self, version: int) -> dict:
+        self.watchdog.start()  # the first call of the run (the initial sync): the loop is running
         async with self._lock:
             await self.proxy.suspend()
             try:
@@ -186,6 +192,7 @@ class ProxyHost:
 
     async def close(self) -> None:
         await self.proxy.close()
+        await self.watchdog.close()
 
 
 async def _alive(handle) -> None:
@@ -217,14 +224,26 @@ class RemoteProxy:
 
 # ---- buffer and env workers ---------------------------------------------------------
 class BufferHost:
-    """The SampleBuffer, plus who holds admission places: the places of an env worker that
-    died are given back (and counted as lost), so admission never leaks."""
+    """The SampleBuffer, its episode ledger, and who holds what: the admission places and
+    in-flight episodes of an env worker that died are given back (places) and ended as
+    `lost` (episodes), so neither admission nor accounting leaks."""
 
     def __init__(self, cfg: RolloutConfig, version: int):
         self.buffer = SampleBuffer(cfg, version=version)
         self.held: Counter = Counter()  # (worker, incarnation) -> groups admitted, not yet put/released
+        self.in_flight: Counter = Counter()  # (worker, incarnation) -> episodes started, not ended in a lane nor put
         self.dead: set = set()
         self.last_group_id: dict[int, int] = {}  # worker -> highest group id it put
+
+    def ledger_start(self, owner: tuple, n: int) -> None:
+        if owner not in self.dead:
+            self.buffer.ledger.start(n)
+            self.in_flight[owner] += n
+
+    def ledger_end(self, owner: tuple, outcome: str, n: int) -> None:
+        if owner not in self.dead:  # a late message of a dead worker: its episodes already ended as lost
+            self.buffer.ledger.end(outcome, n)
+            self.in_flight[owner] -= n
 
     async def admit(self, owner: tuple) -> None:
         await self.buffer.admit()
@@ -241,16 +260,22 @@ class BufferHost:
     async def put(self, owner: tuple, group: Group) -> None:
         if owner not in self.dead:
             self.held[owner] -= 1
+            self.in_flight[owner] -= len(group.trajectories)  # in flight still, now counted as waiting here
             self.last_group_id[owner[0]] = max(group.group_id, self.last_group_id.get(owner[0], -1))
             await self.buffer.put(group)
 
     async def release_owner(self, owner: tuple) -> int:
-        """The worker incarnation `owner` died: give back its places; returns its lost groups."""
+        """The worker incarnation `owner` died: give back its places, end its episodes as lost
+        (returns how many)."""
         self.dead.add(owner)
-        lost = self.held.pop(owner, 0)
-        for _ in range(lost):
+        for _ in range(self.held.pop(owner, 0)):
             await self.buffer.release()
+        lost = self.in_flight.pop(owner, 0)
+        self.buffer.ledger.end("lost", lost)
         return lost
+
+    def barrier(self) -> None:
+        """Called by a worker after its fire-and-forget ledger calls: answered once they are counted."""
 
     def last_group_ids(self) -> dict[int, int]:
         return dict(self.last_group_id)
@@ -262,10 +287,28 @@ class BufferHost:
         await self.buffer.set_version(version)
 
     def snapshot(self) -> dict:
-        return {"stats": dict(self.buffer.stats), "state": self.buffer.state_dict(), "held": dict(self.held)}
+        """What the driver's façades read synchronously, taken at one instant."""
+        return {"stats": dict(self.buffer.stats), "state": self.buffer.state_dict(), "held": dict(self.held),
+                "counts": dict(self.buffer.ledger.counts), "waiting": len(self.buffer),
+                "in_flight": sum(self.in_flight.values()) + self.buffer.num_waiting_episodes}
 
     def load_state_dict(self, state: dict) -> None:
         self.buffer.load_state_dict(state)
+
+
+class RemoteLedger:
+    """The buffer actor's EpisodeLedger as a GroupScheduler records into it (from done
+    callbacks, so the calls are not awaited; Ray delivers one caller's calls in order)."""
+
+    def __init__(self, handle, owner: tuple):
+        self.handle = handle
+        self.owner = owner
+
+    def start(self, n: int = 1) -> None:
+        self.handle.ledger_start.remote(self.owner, n)
+
+    def end(self, outcome: str, n: int = 1) -> None:
+        self.handle.ledger_end.remote(self.owner, outcome, n)
 
 
 class RemoteBuffer:
@@ -277,6 +320,7 @@ class RemoteBuffer:
         self.handle = handle
         self.async_ratio = cfg.async_ratio
         self.owner = owner
+        self.ledger = RemoteLedger(handle, owner)
 
     async def admit(self) -> None:
         await call(self.handle.admit.remote(self.owner))
@@ -312,9 +356,10 @@ class EnvWorker:
         self.incarnation = incarnation
         proxy = RemoteProxy(self.proxy_handle, version)
         buffer = RemoteBuffer(self.buffer_handle, cfg.rollout, (self.index, incarnation))
+        self.watchdog = Watchdog(cfg.watchdog)
 
         def manager(env_id, spec):
-            return EnvManager(env_id, spec, self.formatter, proxy, cfg.rollout, self.executor)
+            return EnvManager(env_id, spec, self.formatter, proxy, cfg.rollout, self.executor, self.watchdog)
 
         seed = cfg.seed + 10_007 * self.index + 1_000_003 * incarnation  # a restart plays new tasks
         first = state["next_group_id"] if state else self.index
@@ -324,10 +369,16 @@ class EnvWorker:
             self.scheduler.load_state_dict(state)
         self.proxy = proxy
         self.scheduler.start()
+        self.watchdog.start()
         await self._stop.wait()
         await self.scheduler.stop()
+        await self.watchdog.close()
+        await self.buffer_handle.barrier.remote()  # the cancelled episodes are counted before run() returns
         self.executor.shutdown(wait=False, cancel_futures=True)
         return self.snapshot()
+
+    async def cancel_running(self) -> int:
+        return await self.scheduler.cancel_running() if self.scheduler is not None else 0
 
     async def on_version(self, version: int) -> None:
         if self.scheduler is not None:
@@ -336,9 +387,9 @@ class EnvWorker:
 
     def snapshot(self) -> dict:
         if self.scheduler is None:
-            return {"incarnation": self.incarnation, "counts": {}, "state": None}
-        return {"incarnation": self.incarnation, "counts": dict(self.scheduler.counts),
-                "state": self.scheduler.state_dict()}
+            return {"incarnation": self.incarnation, "state": None, "watchdog": {}, "oldest": []}
+        return {"incarnation": self.incarnation, "state": self.scheduler.state_dict(),
+                "watchdog": dict(self.watchdog.stats), "oldest": self.watchdog.oldest()}
 
     def stop(self) -> None:
         self._stop.set()

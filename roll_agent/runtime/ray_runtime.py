@@ -8,7 +8,7 @@ The controller runs in this (the driver) process against façades with the local
 interface. `runtime.ray.address` joins a running cluster; otherwise a local one is started
 for the run, with its temp dir and logs under `output_dir/ray`, and stopped at the end.
 An env worker that dies is restarted by Ray (max_restarts) and its lanes start new groups;
-the groups it was playing are counted as lost (`episodes_lost` in metrics.jsonl).
+its episodes in flight end as `lost` in the buffer actor's episode ledger (`episodes_lost`).
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import os
 import shutil
 import tempfile
 import uuid
+from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -29,11 +30,13 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 import roll_agent
 from roll_agent.config import Config, ConfigError, EnvSpec
+from roll_agent.rollout.accounting import EpisodeLedger
 from roll_agent.rollout.chat import ChatFormatter
 from roll_agent.rollout.env_manager import EnvManager
 from roll_agent.runtime.ray_hosts import BufferHost, EnvWorker, ProxyHost, RemoteProxy
 from roll_agent.runtime.ray_model_hosts import EngineHost, TrainerHost
 from roll_agent.runtime.ray_supervisor import WorkerSupervisor
+from roll_agent.watchdog import Watchdog
 
 log = logging.getLogger(__name__)
 MAX_SOCKET_DIR = 60  # Ray's unix sockets live under the temp dir; AF_UNIX paths end at 107 bytes
@@ -58,8 +61,14 @@ def _sync_type(cfg: Config) -> str:
     if kind == "inprocess":
         raise ConfigError("weight_sync.type=inprocess needs one process: under runtime.type=ray use auto, "
                           "broadcast or object_store")
+    # DeepSpeed's trainer owns the actor's default process group (a world of one), which
+    # the broadcast group would replace: its weights go through the object store
+    deepspeed = cfg.trainer.type == "deepspeed"
+    if kind == "broadcast" and deepspeed:
+        raise ConfigError("weight_sync.type=broadcast cannot run beside trainer.type=deepspeed under "
+                          "runtime.type=ray (both need the trainer actor's process group): use auto or object_store")
     if kind == "auto":
-        return "object_store" if cfg.model.lora.enabled else "broadcast"
+        return "object_store" if cfg.model.lora.enabled or deepspeed else "broadcast"
     return kind
 
 
@@ -193,29 +202,61 @@ class RaySync:
         return await proxy.update_weights.remote(version)
 
 
+class ClusterWatchdog(Watchdog):
+    """The driver's watchdog (batch waits, evaluation envs) plus what the actors' watchdogs
+    reported at the last refresh (env workers: env stages and episodes; proxy: requests)."""
+
+    def __init__(self, cfg):
+        super().__init__(cfg)
+        self.remote_stats: Counter = Counter()
+        self.remote_oldest: list[str] = []
+
+    def metrics(self) -> dict[str, int]:
+        total = self.stats + self.remote_stats
+        return {f"watchdog_{k}": v for k, v in sorted(total.items())}
+
+    def oldest(self, n: int = 10) -> list[str]:
+        return (super().oldest(n) + [f"(at the last step) {w}" for w in self.remote_oldest])[:n]
+
+
 class ProxyView:
     def __init__(self):
-        self.stats: dict = {"gen_tokens": 0}
+        self.stats: dict = {"gen_tokens": 0, "request_failures": 0, "engine_crashes": 0}
 
 
 class BufferView:
+    """The SampleBuffer interface over the buffer actor; the synchronous reads (ledger,
+    stats, len, state_dict) answer from the snapshot of the last refresh."""
+
     def __init__(self, handle):
         self.handle = handle
+        self.ledger = EpisodeLedger()  # counts copied from the actor's ledger
         self.stats: dict = {}
         self.state: dict = {}
+        self.waiting = 0
+        self.in_flight = 0
+
+    async def refresh(self) -> None:
+        snap = await self.handle.snapshot.remote()
+        self.stats, self.state, self.waiting = snap["stats"], snap["state"], snap["waiting"]
+        self.ledger.counts, self.in_flight = Counter(snap["counts"]), snap["in_flight"]
 
     async def get_batch(self, train_version: int):
         return await self.handle.get_batch.remote(train_version)
 
-    def state_dict(self) -> dict:
-        return self.state
+    def state_dict(self, in_flight: int = 0) -> dict:
+        return {**self.state, "episodes": self.ledger.state_dict(in_flight)}
 
     def load_state_dict(self, state: dict) -> None:
         ray.get(self.handle.load_state_dict.remote(state))
 
+    def __len__(self) -> int:
+        return self.waiting
+
 
 class RayRollout:
-    """The RolloutStack interface over the actors: proxy, buffer, scheduler, update_weights, close."""
+    """The RolloutStack interface over the actors: proxy, buffer, scheduler, watchdog,
+    accounting, update_weights, close."""
 
     def __init__(self, cfg: Config, formatter: ChatFormatter, proxy, buffer, workers: list, version: int):
         self.cfg = cfg
@@ -223,13 +264,20 @@ class RayRollout:
         self.proxy_handle = proxy
         self.proxy = ProxyView()
         self.buffer = BufferView(buffer)
-        self.scheduler = WorkerSupervisor(cfg.rollout, workers, buffer, version, cfg.runtime.ray.max_restarts)
+        self.scheduler = WorkerSupervisor(workers, self.buffer, version, cfg.runtime.ray.max_restarts)
+        self.watchdog = ClusterWatchdog(cfg.watchdog)
         self.executor = ThreadPoolExecutor(cfg.rollout.env_threads, thread_name_prefix="eval-env")
         self._driver_proxy = RemoteProxy(proxy, version)
 
     def env_manager(self, env_id: str, spec: EnvSpec) -> EnvManager:
         """Evaluation envs run here in the driver; their requests go to the proxy actor."""
-        return EnvManager(env_id, spec, self.formatter, self._driver_proxy, self.cfg.rollout, self.executor)
+        return EnvManager(env_id, spec, self.formatter, self._driver_proxy, self.cfg.rollout, self.executor,
+                          self.watchdog)
+
+    def accounting(self) -> dict:
+        """As RolloutStack.accounting, from the buffer actor's snapshot (its ledger, and the
+        episodes in flight as the env workers' ledger calls and puts left them)."""
+        return self.buffer.ledger.check(self.scheduler.num_in_flight)
 
     async def update_weights(self, version: int, push) -> dict:
         report = await push(self.proxy_handle, version)
@@ -241,10 +289,12 @@ class RayRollout:
 
     async def refresh(self) -> None:
         """Pull the counters the controller reads synchronously (once per step)."""
-        self.proxy.stats, snap = await asyncio.gather(self.proxy_handle.stats.remote(),
-                                                      self.buffer.handle.snapshot.remote())
-        self.buffer.stats, self.buffer.state = snap["stats"], snap["state"]
-        await self.scheduler.refresh()
+        self.proxy.stats, report, _, _ = await asyncio.gather(
+            self.proxy_handle.stats.remote(), self.proxy_handle.watchdog_report.remote(),
+            self.buffer.refresh(), self.scheduler.refresh())
+        snaps = self.scheduler.snapshots
+        self.watchdog.remote_stats = sum((Counter(s["watchdog"]) for s in snaps), Counter(report["stats"]))
+        self.watchdog.remote_oldest = [w for s in snaps for w in s["oldest"]] + report["oldest"]
 
     async def close(self) -> None:
         await self.scheduler.stop()
@@ -253,5 +303,5 @@ class RayRollout:
             await self.proxy_handle.close.remote()
         except RayActorError:
             pass
+        await self.watchdog.close()
         self.executor.shutdown(wait=False, cancel_futures=True)
-

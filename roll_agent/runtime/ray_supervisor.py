@@ -1,8 +1,8 @@
 """The GroupScheduler interface over env-worker actors, and what happens when one dies.
 
 Each env worker drives its share of the lanes until stopped. When its actor dies, Ray
-restarts it (runtime.ray.max_restarts); the supervisor gives the dead incarnation's
-admission places back to the buffer, counts its unfinished groups' episodes as `lost`,
+restarts it (runtime.ray.max_restarts); the supervisor has the buffer actor give the dead
+incarnation's admission places back and end its in-flight episodes as `lost` (ledger),
 and starts the restarted worker on fresh groups (new task seeds, group ids after the
 last one it put, so no id repeats).
 """
@@ -11,27 +11,24 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections import Counter
 
 from ray.exceptions import RayActorError
 
-from roll_agent.config import ConfigError, RolloutConfig
+from roll_agent.config import ConfigError
 
 log = logging.getLogger(__name__)
-EMPTY = {"incarnation": -1, "counts": {}, "state": None}
+EMPTY = {"incarnation": -1, "state": None, "watchdog": {}, "oldest": []}
 
 
 class WorkerSupervisor:
-    def __init__(self, cfg: RolloutConfig, workers: list, buffer, version: int, max_restarts: int):
+    def __init__(self, workers: list, buffer, version: int, max_restarts: int):
+        """`buffer`: the driver's BufferView (its snapshot holds the episodes in flight)."""
         self.workers = workers
         self.buffer = buffer
         self.version = version
         self.max_restarts = max_restarts
-        self.lane_size = cfg.group_size + cfg.group_size_redundancy
         self.incarnations = [0] * len(workers)
         self.snapshots = [dict(EMPTY) for _ in workers]
-        self.retired: Counter = Counter()  # counts of dead incarnations, "lost" episodes and restarts
-        self.counts: Counter = Counter()
         self._resume: list = [None] * len(workers)
         self._tasks: list[asyncio.Task] = []
         self._stopping = False
@@ -58,38 +55,37 @@ class WorkerSupervisor:
 
     async def _retire(self, w: int) -> dict:
         """Account for a dead incarnation; returns the state its successor starts from."""
-        lost_groups = await self.buffer.release_owner.remote((w, self.incarnations[w]))
+        lost = await self.buffer.handle.release_owner.remote((w, self.incarnations[w]))
+        log.warning("env worker %d incarnation %d died: %d episodes lost", w, self.incarnations[w], lost)
         snap = self.snapshots[w]
-        self.retired.update(snap["counts"])
-        self.retired["lost"] += lost_groups * self.lane_size
-        self.retired["env_worker_restarts"] += 1
         stride = len(self.workers)
-        last_put = (await self.buffer.last_group_ids.remote()).get(w, w - stride)
+        last_put = (await self.buffer.handle.last_group_ids.remote()).get(w, w - stride)
         known = snap["state"]["next_group_id"] if snap["state"] else w
         self.incarnations[w] += 1
         self.snapshots[w] = dict(EMPTY)
-        self._recount()
         return {"next_group_id": max(known, last_put + stride)}
+
+    @property
+    def num_in_flight(self) -> int:
+        return self.buffer.in_flight
 
     async def on_version(self, version: int) -> None:
         self.version = version
         await asyncio.gather(*(wk.on_version.remote(version) for wk in self.workers), return_exceptions=True)
+
+    async def cancel_running(self) -> int:
+        """Every worker cancels its running episodes (the watchdog's answer to a batch that never fills)."""
+        counts = await asyncio.gather(*(wk.cancel_running.remote() for wk in self.workers), return_exceptions=True)
+        return sum(c for c in counts if isinstance(c, int))
 
     async def refresh(self) -> None:
         snaps = await asyncio.gather(*(wk.snapshot.remote() for wk in self.workers), return_exceptions=True)
         for w, snap in enumerate(snaps):
             if isinstance(snap, dict) and snap["incarnation"] == self.incarnations[w]:
                 self.snapshots[w] = snap
-        self._recount()
-
-    def _recount(self) -> None:
-        total = Counter(self.retired)
-        for snap in self.snapshots:
-            total.update(snap["counts"])
-        self.counts = total
 
     def state_dict(self) -> dict:
-        return {"workers": [s["state"] for s in self.snapshots], "retired": dict(self.retired)}
+        return {"workers": [s["state"] for s in self.snapshots]}
 
     def load_state_dict(self, state: dict) -> None:
         workers = state.get("workers")
@@ -97,10 +93,9 @@ class WorkerSupervisor:
             raise ConfigError("this checkpoint was written by another runtime or another runtime.ray.env_workers "
                               "count: resume with the settings that wrote it")
         self._resume = list(workers)
-        self.retired = Counter(state["retired"])
 
     async def stop(self) -> None:
         self._stopping = True
         await asyncio.gather(*(wk.stop.remote() for wk in self.workers), return_exceptions=True)
         await asyncio.gather(*self._tasks, return_exceptions=True)
-        self._recount()
+        await self.buffer.refresh()  # the controller's last accounting row reads it
