@@ -172,3 +172,26 @@ def test_default_config_on_ray_learns(tmp_path):
     assert run(train(cfg), timeout=900) == 10
     evals = {r["step"]: r["eval_success_rate"] for r in read_rows(tmp_path / "metrics.jsonl") if "eval_success_rate" in r}
     assert evals[10] - evals[0] >= 0.25, evals
+
+
+@pytest.mark.slow
+def test_deepspeed_trainer_runs_as_the_trainer_actor(tmp_path):
+    """trainer.type=deepspeed under ray: a DeepSpeed world of one in the trainer actor; its full
+    weights reach the engines through the object store (the broadcast group would replace
+    DeepSpeed's process group)."""
+    pytest.importorskip("deepspeed", reason="the `deepspeed` extra is not installed")
+    cfg = ray_cfg(tmp_path, "max_steps=2", "trainer.type=deepspeed", "trainer.deepspeed.zero_stage=2")
+    assert run(train(cfg), timeout=400) == 2
+    steps = [r for r in read_rows(tmp_path / "metrics.jsonl") if "loss" in r]
+    assert [r["version"] for r in steps] == [1, 2]
+    assert all(r["sync_bytes"] > 0 and r["accounting_ok"] for r in steps)
+    assert (tmp_path / "checkpoints" / "step_000002" / "deepspeed").is_dir()
+    assert _ray_processes_of(tmp_path) == []
+
+
+def test_broadcast_sync_is_refused_beside_deepspeed_under_ray(tmp_path):
+    from roll_agent.runtime.ray_runtime import RayRuntime
+
+    cfg = ray_cfg(tmp_path, "trainer.type=deepspeed", "weight_sync.type=broadcast")
+    with pytest.raises(ConfigError, match="use auto or object_store"):
+        RayRuntime(cfg, "unused", tmp_path)
