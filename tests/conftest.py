@@ -58,3 +58,16 @@ async def _guarded(coro, timeout: float):
     print(stacks.getvalue(), file=sys.stderr)
     task.cancel()
     raise TimeoutError(f"timed out after {timeout}s; task stacks printed to stderr")
+
+
+def tiny_batch():
+    """One group of 4 two-segment trajectories (prompt + 3 generated tokens), rewards 0/1."""
+    from roll_agent.types import Group, Trajectory
+
+    trajs = []
+    for i in range(4):
+        t = Trajectory(group_id=0, reward=float(i % 2))
+        t.append([1, 2, 3, 4], generated=False)
+        t.append([10 + i, 11, 12], generated=True, logprobs=[-2.0] * 3, versions=[0] * 3)
+        trajs.append(t)
+    return [Group(0, 0, "x", trajs)]

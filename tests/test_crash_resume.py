@@ -16,7 +16,7 @@ import torch
 from roll_agent.metrics import read_rows
 
 ROOT = Path(__file__).parent.parent
-MAX_STEPS = 10  # above what five kills can reach: each kill comes at most ~2 steps after its resume
+MAX_STEPS = 20  # above what five kills can reach: each kill comes at most ~3 steps after its resume
 FAST = [  # real tiny-model training; the scripted engine keeps generation cheap
     "model.tiny.hidden_size=32", "model.tiny.intermediate_size=64", "model.tiny.vocab_size=400",
     "engine.type=scripted", "rollout.num_env_groups=2", "rollout.groups_per_batch=2", "rollout.group_size=2",
@@ -48,9 +48,13 @@ def test_five_sigkills_then_resume_trains_every_sample_once(tmp_path):
         delay = time.time() + (rng.uniform(0.5, 4.0) if kill == startup_kill else 120)
         while time.time() < delay and proc.poll() is None:
             if (latest_checkpoint(tmp_path) or 0) > (start_ckpt or 0):
-                time.sleep(rng.uniform(0.0, 0.5))
+                # a random moment of the next step or two; on a fast machine steps are short,
+                # so the kill never waits past two new checkpoints (the run must not finish)
+                until = time.time() + rng.uniform(0.0, 0.5)
+                while time.time() < until and (latest_checkpoint(tmp_path) or 0) < (start_ckpt or 0) + 2:
+                    time.sleep(0.01)
                 break
-            time.sleep(0.05)
+            time.sleep(0.02)
         assert proc.poll() is None, f"run {kill} ended before its kill: {proc.stderr.read().decode()[-2000:]}"
         proc.send_signal(signal.SIGKILL)
         proc.wait()

@@ -18,8 +18,8 @@ from roll_agent.config import (  # noqa: E402
 from roll_agent.proxy.engines import make_engines  # noqa: E402
 from roll_agent.train.trainer import TorchTrainer, make_trainer  # noqa: E402
 from roll_agent.train.weight_sync import InProcessSync  # noqa: E402
-from roll_agent.types import Group, SamplingParams, Trajectory  # noqa: E402
-from tests.conftest import run  # noqa: E402
+from roll_agent.types import SamplingParams  # noqa: E402
+from tests.conftest import run, tiny_batch  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -46,16 +46,6 @@ def engine(model_dir):
     (eng,) = make_engines(cfg, MODEL_CFG, model_dir, seed=0)
     yield eng
     run(eng.close())
-
-
-def _batch():
-    trajs = []
-    for i in range(4):
-        t = Trajectory(group_id=0, reward=float(i % 2))
-        t.append([1, 2, 3, 4], generated=False)
-        t.append([10 + i, 11, 12], generated=True, logprobs=[-2.0] * 3, versions=[0] * 3)
-        trajs.append(t)
-    return [Group(0, 0, "x", trajs)]
 
 
 def _greedy(model, prompt, n=8):
@@ -92,7 +82,7 @@ def test_torch_trainer_adapters_sync_into_vllm(engine, model_dir):
     base = AutoModelForCausalLM.from_pretrained(model_dir).eval()
     trainer = TorchTrainer(model_dir, TrainerConfig(lr=0.2), AlgorithmConfig(loss="tis"), MODEL_CFG)
     for _ in range(3):
-        trainer.step(_batch())
+        trainer.step(tiny_batch())
     merged = _merged(trainer)
     with torch.no_grad():
         moved = merged(torch.tensor([PROMPTS[0]])).logits - base(torch.tensor([PROMPTS[0]])).logits
@@ -107,7 +97,7 @@ def test_deepspeed_trainer_adapters_replace_the_served_adapter(engine, model_dir
     cfg = TrainerConfig(type="deepspeed", lr=0.2, deepspeed=DeepSpeedConfig(zero_stage=2))
     trainer = make_trainer(model_dir, cfg, AlgorithmConfig(loss="tis"), MODEL_CFG)
     for _ in range(2):
-        trainer.step(_batch())
+        trainer.step(tiny_batch())
     _push_and_compare(engine, trainer, _merged(trainer), version=2)
     with pytest.raises(KeyError, match="LoRA adapters only"):
         run(engine.load_weights([("model.embed_tokens.weight", torch.zeros(2))], version=3))

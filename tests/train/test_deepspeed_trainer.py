@@ -15,20 +15,10 @@ from roll_agent.proxy.engines.hf import HFEngine  # noqa: E402
 from roll_agent.train.deepspeed_trainer import DeepSpeedTrainer  # noqa: E402
 from roll_agent.train.trainer import TorchTrainer, make_trainer  # noqa: E402
 from roll_agent.train.weight_sync import InProcessSync  # noqa: E402
-from roll_agent.types import Group, SamplingParams, Trajectory  # noqa: E402
-from tests.conftest import run  # noqa: E402
+from roll_agent.types import SamplingParams  # noqa: E402
+from tests.conftest import run, tiny_batch  # noqa: E402
 
 pytestmark = pytest.mark.slow
-
-
-def _batch():
-    trajs = []
-    for i in range(4):
-        t = Trajectory(group_id=0, reward=float(i % 2))
-        t.append([1, 2, 3, 4], generated=False)
-        t.append([10 + i, 11, 12], generated=True, logprobs=[-2.0] * 3, versions=[0] * 3)
-        trajs.append(t)
-    return [Group(0, 0, "x", trajs)]
 
 
 def _cfg(stage: int, **kw) -> TrainerConfig:
@@ -50,7 +40,7 @@ def test_each_zero_stage_trains(tiny_model_dir, stage, extra):
     assert isinstance(trainer, DeepSpeedTrainer)
     before = _weights(trainer)
     for _ in range(2):
-        metrics = trainer.step(_batch())
+        metrics = trainer.step(tiny_batch())
         assert all(torch.isfinite(torch.tensor(v)) for v in metrics.values()), metrics
         assert metrics["grad_norm"] > 0 and metrics["skipped_updates"] == 0
     after = _weights(trainer)
@@ -66,7 +56,7 @@ def test_zero2_update_equals_the_torch_trainer(tiny_model_dir):
     ds = DeepSpeedTrainer(tiny_model_dir, _cfg(2), algo, ModelConfig())
     plain = TorchTrainer(tiny_model_dir, TrainerConfig(lr=0.01, micro_batch_size=2), algo, ModelConfig())
     for _ in range(2):
-        m_ds, m_plain = ds.step(_batch()), plain.step(_batch())
+        m_ds, m_plain = ds.step(tiny_batch()), plain.step(tiny_batch())
         assert m_ds["loss"] == pytest.approx(m_plain["loss"], rel=1e-4, abs=1e-6)
         assert m_ds["grad_norm"] == pytest.approx(m_plain["grad_norm"], rel=1e-4)
     theirs = _weights(plain)
@@ -76,7 +66,7 @@ def test_zero2_update_equals_the_torch_trainer(tiny_model_dir):
 
 def test_no_signal_skips_the_update(tiny_model_dir):
     trainer = DeepSpeedTrainer(tiny_model_dir, _cfg(2), AlgorithmConfig(), ModelConfig())
-    flat = _batch()
+    flat = tiny_batch()
     for t in flat[0].trajectories:
         t.reward = 1.0  # one group, equal rewards: every advantage is 0
     before = _weights(trainer)
@@ -87,16 +77,16 @@ def test_no_signal_skips_the_update(tiny_model_dir):
 
 def test_checkpoint_resumes_exactly(tiny_model_dir, tmp_path):
     a = DeepSpeedTrainer(tiny_model_dir, _cfg(3), AlgorithmConfig(), ModelConfig())
-    a.step(_batch())
+    a.step(tiny_batch())
     a.save(tmp_path / "ck", {"buffer": 7})
     exported = AutoModelForCausalLM.from_pretrained(tmp_path / "ck" / "model")
     mine = _weights(a)
     for name, p in exported.named_parameters():
         torch.testing.assert_close(p.float(), mine[name])
-    a.step(_batch())
+    a.step(tiny_batch())
     b = DeepSpeedTrainer(tiny_model_dir, _cfg(3), AlgorithmConfig(), ModelConfig(), seed=5)
     assert b.load(tmp_path / "ck") == {"buffer": 7} and b.version == 1
-    b.step(_batch())  # optimizer moments and the shuffling RNG came back too: the same second step
+    b.step(tiny_batch())  # optimizer moments and the shuffling RNG came back too: the same second step
     theirs = _weights(b)
     for name, t in _weights(a).items():
         torch.testing.assert_close(t, theirs[name])
@@ -106,9 +96,9 @@ def test_lora_adapters_sync_into_the_hf_engine(tiny_model_dir, tmp_path):
     model_cfg = ModelConfig(lora=LoraConfig(enabled=True, r=4, alpha=8))
     trainer = DeepSpeedTrainer(tiny_model_dir, _cfg(2, lr=0.05), AlgorithmConfig(loss="tis", kl_coef=0.1), model_cfg)
     for _ in range(2):
-        metrics = trainer.step(_batch())
+        metrics = trainer.step(tiny_batch())
     assert metrics["kl"] > 0  # against the adapter-disabled base
-    batch = trainer._tensors(_batch()[0].trajectories)
+    batch = trainer._tensors(tiny_batch()[0].trajectories)
     base = AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval()
     torch.testing.assert_close(trainer._ref_logp(batch), trainer._forward(base, batch, False)[0])
 

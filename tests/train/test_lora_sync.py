@@ -8,25 +8,15 @@ from roll_agent.config import AlgorithmConfig, EngineConfig, LoraConfig, ModelCo
 from roll_agent.proxy.engines.hf import HFEngine
 from roll_agent.train.trainer import TorchTrainer
 from roll_agent.train.weight_sync import InProcessSync
-from roll_agent.types import Group, SamplingParams, Trajectory
-from tests.conftest import run
-
-
-def _batch():
-    trajs = []
-    for i in range(4):
-        t = Trajectory(group_id=0, reward=float(i % 2))
-        t.append([1, 2, 3, 4], generated=False)
-        t.append([10 + i, 11, 12], generated=True, logprobs=[-2.0] * 3, versions=[0] * 3)
-        trajs.append(t)
-    return [Group(0, 0, "x", trajs)]
+from roll_agent.types import SamplingParams
+from tests.conftest import run, tiny_batch
 
 
 def test_adapter_only_sync_matches_merged_model(tiny_model_dir, tmp_path):
     model_cfg = ModelConfig(lora=LoraConfig(enabled=True, r=4, alpha=8))
     trainer = TorchTrainer(tiny_model_dir, TrainerConfig(lr=0.05), AlgorithmConfig(loss="tis"), model_cfg)
     for _ in range(3):
-        trainer.step(_batch())
+        trainer.step(tiny_batch())
     names = [n for n, _ in trainer.named_weights()]
     assert names and all("lora_" in n for n in names)
     engine = HFEngine(tiny_model_dir, EngineConfig(), model_cfg)
