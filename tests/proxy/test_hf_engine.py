@@ -88,6 +88,29 @@ def test_abort_returns_partial_output(tiny_model_dir):
     assert len(out.logprobs) == len(out.token_ids)
 
 
+def test_requests_joining_a_running_batch_get_exact_logprobs(tiny_model_dir):
+    """Arrivals mid-decode are folded into the running KV cache (left-padded), finished rows
+    are pruned: every request's log-probs still equal a plain forward pass."""
+    engine = HFEngine(tiny_model_dir, EngineConfig(), ModelConfig(), seed=0)
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
+    long_prompt, short_prompts = [1, 2, 3], [[4, 5, 6, 7, 8, 9, 10, 11, 12, 13], [14, 15]]
+
+    async def go():
+        sampling = SamplingParams(max_new_tokens=40, temperature=0.9)
+        long = asyncio.create_task(engine.generate(long_prompt, sampling, "long"))
+        while not engine._running or not engine._running[0].items[0].tokens:
+            await asyncio.sleep(0.005)
+        shorts = await asyncio.gather(*(engine.generate(p, SamplingParams(max_new_tokens=4, temperature=0.9),
+                                                        f"s{i}") for i, p in enumerate(short_prompts)))
+        return await long, shorts
+
+    long, shorts = run(go())
+    assert len(long.token_ids) == 40
+    for prompt, out in [(long_prompt, long), *zip(short_prompts, shorts)]:
+        ref = _forward_logprobs(model, prompt, out.token_ids, 0.9)
+        assert (ref - torch.tensor(out.logprobs)).abs().max().item() <= 1e-3
+
+
 def test_request_arriving_mid_decode_joins_without_waiting_for_the_running_batch(tiny_model_dir):
     engine = HFEngine(tiny_model_dir, EngineConfig(), ModelConfig(), seed=0)
 

@@ -1,11 +1,13 @@
 """The transformers engine: batches concurrent requests, decodes with a KV cache off
 the event loop, and returns the log-prob of every sampled token.
 
-Serving is step-interleaved (a simple form of continuous batching): the loop advances
-every running batch by one token per iteration, so a request that arrives while
-others decode is prefilled at the next iteration instead of waiting for their batch to
-end, and each request returns as soon as it stops. Abort is checked every token, so a
-suspend for a weight update returns partial outputs within one decode step.
+Continuous batching: each iteration of the serving loop advances the running batch by
+one token; requests that arrived meanwhile are prefilled together and folded into the
+running KV cache (left-padded to one length), finished rows are dropped, so a request
+never waits for others' batch to end and returns as soon as it stops. (Caches other than
+plain full-attention ones, e.g. sliding-window layers, run as separate batches.) Abort is
+checked every token, so a suspend for a weight update returns partial outputs within
+one decode step.
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ from dataclasses import dataclass, field
 from typing import Iterable
 
 import torch
+import torch.nn.functional as F
+from transformers.cache_utils import DynamicLayer
 
 from roll_agent.config import EngineConfig, ModelConfig
 from roll_agent.modeling import load_policy, sync_parameters
@@ -40,9 +44,6 @@ class _Batch:
     items: list[_Pending]
     state: dict = field(default_factory=dict)  # cache, mask, pos, logits, sampling tensors
 
-    @property
-    def done(self) -> bool:
-        return all(item.finish for item in self.items)
 
 
 class HFEngine:
@@ -117,7 +118,7 @@ class HFEngine:
                 await self._wakeup.wait()
                 continue
             try:
-                await asyncio.to_thread(self._step_all, self._running)
+                finished, self._running = await asyncio.to_thread(self._step_all, self._running)
             except Exception as exc:  # an engine failure fails its requests, not the engine
                 for batch in self._running:
                     for item in batch.items:
@@ -125,17 +126,26 @@ class HFEngine:
                             item.future.set_exception(exc)
                 self._running = []
                 continue
-            for batch in self._running:
-                for item in batch.items:
-                    if item.finish:
-                        self._finish(item, item.finish)
-            self._running = [b for b in self._running if not b.done]
+            for item in finished:
+                self._finish(item, item.finish)
 
     @torch.inference_mode()
-    def _step_all(self, batches: list[_Batch]) -> None:
+    def _step_all(self, batches: list[_Batch]) -> tuple[list[_Pending], list[_Batch]]:
+        """Advance every batch by one token; drop finished rows; fold new batches into the first."""
         with self._lock:
             for batch in batches:
                 self._step(batch)
+            finished = [item for b in batches for item in b.items if item.finish]
+            running: list[_Batch] = []
+            for batch in batches:
+                _prune(batch)
+                if not batch.items:
+                    continue
+                if running and _mergeable(running[0], batch):
+                    _merge(running[0], batch)
+                else:
+                    running.append(batch)
+        return finished, running
 
     def _step(self, batch: _Batch) -> None:
         """One forward (the prefill for a new batch), then sample one token per live request."""
@@ -144,7 +154,7 @@ class HFEngine:
             self._prefill(batch)
         else:
             st["mask"] = torch.cat([st["mask"], torch.ones_like(st["mask"][:, :1])], dim=1)
-            st["pos"] = st["pos"][:, -1:] + 1
+            st["pos"] = st["pos"] + 1
             out = self.model(input_ids=st["tokens"][:, None], attention_mask=st["mask"], position_ids=st["pos"],
                              past_key_values=st["cache"], use_cache=True)
             st["cache"], st["logits"] = out.past_key_values, out.logits[:, -1].float()
@@ -177,7 +187,7 @@ class HFEngine:
         pos = (mask.cumsum(-1) - 1).clamp(min=0)
         out = self.model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True)
         batch.state.update(
-            cache=out.past_key_values, logits=out.logits[:, -1].float(), mask=mask, pos=pos,
+            cache=out.past_key_values, logits=out.logits[:, -1].float(), mask=mask, pos=pos[:, -1:],
             temps=torch.tensor([max(b.sampling.temperature, 1e-5) for b in items], device=dev)[:, None],
             greedy=torch.tensor([b.sampling.greedy for b in items], device=dev),
             top_p=torch.tensor([b.sampling.top_p for b in items], device=dev)[:, None])
@@ -216,3 +226,50 @@ class HFEngine:
             except (asyncio.CancelledError, Exception):
                 pass
             self._worker = None
+
+
+# Row-wise state of a batch: indexed by _prune, concatenated by _merge.
+_ROWS = ("mask", "pos", "tokens", "temps", "greedy", "top_p")
+
+
+def _prune(batch: _Batch) -> None:
+    """Drop finished rows (and KV columns that only padded them): later steps compute live rows only."""
+    keep = [i for i, item in enumerate(batch.items) if not item.finish]
+    if len(keep) == len(batch.items) or not keep:
+        batch.items = [batch.items[i] for i in keep]
+        return
+    st, idx = batch.state, torch.tensor(keep, device=batch.state["mask"].device)
+    batch.items = [batch.items[i] for i in keep]
+    for key in _ROWS:
+        st[key] = st[key].index_select(0, idx)
+    layers = st["cache"].layers
+    for layer in layers:
+        layer.batch_select_indices(idx)
+    lead = int((st["mask"].cumsum(1) == 0).sum(1).min())  # left padding no remaining row needs
+    if lead and all(type(layer) is DynamicLayer for layer in layers):
+        st["mask"] = st["mask"][:, lead:]
+        for layer in layers:
+            layer.keys, layer.values = layer.keys[:, :, lead:], layer.values[:, :, lead:]
+
+
+def _mergeable(a: _Batch, b: _Batch) -> bool:
+    """Plain (full-attention) KV caches can be left-padded to one length and stacked."""
+    return all(type(layer) is DynamicLayer for layer in (*a.state["cache"].layers, *b.state["cache"].layers))
+
+
+def _merge(a: _Batch, b: _Batch) -> None:
+    """Fold batch b into a: one forward per step for both (continuous batching)."""
+    sa, sb = a.state, b.state
+    width = max(sa["mask"].shape[1], sb["mask"].shape[1])
+
+    def left_pad(t: torch.Tensor, dim_from_end: int) -> torch.Tensor:
+        missing = width - t.shape[-dim_from_end]
+        return F.pad(t, (0, 0) * (dim_from_end - 1) + (missing, 0)) if missing else t
+
+    for la, lb in zip(sa["cache"].layers, sb["cache"].layers):
+        la.keys = torch.cat([left_pad(la.keys, 2), left_pad(lb.keys, 2)])
+        la.values = torch.cat([left_pad(la.values, 2), left_pad(lb.values, 2)])
+    sa["mask"] = torch.cat([left_pad(sa["mask"], 1), left_pad(sb["mask"], 1)])
+    for key in _ROWS[1:]:
+        sa[key] = torch.cat([sa[key], sb[key]])
+    a.items = a.items + b.items
