@@ -34,11 +34,14 @@ DOWN_RETRY_S = 0.05  # a request routed to a restarting engine comes back as an 
 
 async def call(ref):
     """Await an actor call; if the awaiting task is cancelled, cancel the call too (a
-    redundant episode's request must stop in the proxy and the engine, not run on)."""
+    redundant episode's request must stop in the proxy and the engine, not run on).
+    Not recursive: the cancelled call stops its own sub-calls (the proxy aborts the engine
+    request); Ray's recursive cancel would fail them first, which the proxy counts as
+    request failures."""
     try:
         return await ref
     except asyncio.CancelledError:
-        ray.cancel(ref)
+        ray.cancel(ref, recursive=False)
         raise
 
 
