@@ -270,19 +270,52 @@ class WarmupConfig:
 
 @dataclass
 class WeightSyncConfig:
-    type: str = "inprocess"
+    # auto: inprocess under the local runtime; under ray, broadcast (or object_store for LoRA adapters)
+    # inprocess: copy tensors (one process); broadcast: torch.distributed in flat buckets (gloo on CPU,
+    # NCCL on GPU); object_store: through Ray's object store (small payloads such as LoRA adapters)
+    type: str = "auto"
+    bucket_mb: float = 32.0  # broadcast bucket size
 
     def __post_init__(self) -> None:
-        _choice("weight_sync", "type", self.type, ("inprocess",))
+        _choice("weight_sync", "type", self.type, ("auto", "inprocess", "broadcast", "object_store"))
+        _positive("weight_sync", bucket_mb=self.bucket_mb)
+
+
+@dataclass
+class RayConfig:
+    """runtime.type=ray: where the components run as Ray actors (the `ray` extra)."""
+
+    address: str = ""  # an existing cluster ("auto" or head-ip:6379); empty: a local cluster for this run
+    num_cpus: int = 0  # CPUs of the local cluster; 0 = all of this machine's
+    num_gpus: int = 0  # GPUs of the local cluster
+    env_workers: int = 2  # env-worker actors; the env groups are split among them
+    cpus_per_env_worker: float = 0.0  # logical CPUs reserved per env worker (0: envs are light)
+    cpus_per_engine: float = 1.0
+    gpus_per_engine: float = 0.0  # > 0: engines on GPUs (set engine.device=cuda)
+    cpus_per_trainer: float = 1.0
+    gpus_per_trainer: float = 0.0  # > 0: the trainer on its own GPU (set trainer.device=cuda)
+    placement_strategy: str = "PACK"  # placement group of all actors: PACK | SPREAD | STRICT_PACK | STRICT_SPREAD
+    max_restarts: int = 3  # per env-worker / engine actor that dies
+    start_timeout_s: float = 300.0  # waiting for the placement group (resources) and actors
+
+    def __post_init__(self) -> None:
+        _choice("runtime.ray", "placement_strategy", self.placement_strategy,
+                ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"))
+        _positive("runtime.ray", env_workers=self.env_workers, start_timeout_s=self.start_timeout_s)
+        for name in ("num_cpus", "num_gpus", "cpus_per_env_worker", "cpus_per_engine", "gpus_per_engine",
+                     "cpus_per_trainer", "gpus_per_trainer", "max_restarts"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"runtime.ray.{name} must be >= 0, got {getattr(self, name)}")
 
 
 @dataclass
 class RuntimeConfig:
-    type: str = "local"
-    torch_threads: int = 0  # intra-op threads shared by engines and trainer; 0 = torch's default
+    type: str = "local"  # local: one process (asyncio) | ray: components as Ray actors
+    torch_threads: int = 0  # intra-op threads per process (engines and trainer); 0 = torch's default
+    ray: RayConfig = field(default_factory=RayConfig)
 
     def __post_init__(self) -> None:
-        _choice("runtime", "type", self.type, ("local",))
+        _choice("runtime", "type", self.type, ("local", "ray"))
 
 
 @dataclass

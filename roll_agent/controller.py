@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from roll_agent.checkpoint import Checkpointer
 from roll_agent.config import CheckpointConfig, EvalConfig
 from roll_agent.metrics import MetricsLogger
+from roll_agent.rollout.accounting import OUTCOMES
 from roll_agent.rollout.evaluate import evaluate, summarize
 from roll_agent.rollout.stack import RolloutStack
 from roll_agent.types import Group
@@ -120,7 +121,7 @@ class AsyncController:
                    / max(sum(t.num_turns for t in trajs), 1))
         rollout = self.p.rollout
         counts = rollout.buffer.ledger.counts
-        for key in ("started", "finished", "truncated", "cancelled", "env_error", "stale_dropped"):
+        for key in ("started", *OUTCOMES):
             out[f"episodes_{key}"] = counts.get(key, 0) - self._last_counts.get(key, 0)
         out["env_errors"] = out.pop("episodes_env_error")
         out["episodes_aborted"] = out.pop("episodes_cancelled")  # cancelled: the Trajectory status `aborted`

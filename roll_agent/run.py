@@ -18,13 +18,10 @@ from roll_agent.checkpoint import Checkpointer
 from roll_agent.config import Config, ConfigError, load_config, to_yaml
 from roll_agent.controller import AsyncController, Components
 from roll_agent.metrics import MetricsLogger, plot_curves
-from roll_agent.proxy.engines import make_engines
 from roll_agent.rollout.chat import ChatFormatter
-from roll_agent.rollout.stack import build_rollout
+from roll_agent.runtime import open_runtime
 from roll_agent.tiny_model import build_tiny_model, env_corpus
-from roll_agent.train.trainer import make_trainer
 from roll_agent.train.warmup import run_warmup
-from roll_agent.train.weight_sync import InProcessSync
 
 
 def prepare_model(cfg: Config, out: Path) -> str:
@@ -45,10 +42,15 @@ async def train(cfg: Config) -> int:
     if cfg.runtime.torch_threads:
         torch.set_num_threads(cfg.runtime.torch_threads)
     model_path = prepare_model(cfg, out)
+    async with open_runtime(cfg, model_path, out) as runtime:  # local: this process; ray: actors on a cluster
+        return await run_components(cfg, runtime, model_path, out)
+
+
+async def run_components(cfg: Config, runtime, model_path: str, out: Path) -> int:
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     formatter = ChatFormatter(tokenizer)
 
-    trainer = make_trainer(model_path, cfg.trainer, cfg.algorithm, cfg.model, cfg.rollout.temperature, seed=cfg.seed)
+    trainer = runtime.make_trainer()
     checkpointer = Checkpointer(out, cfg.checkpoint.keep_last)
     resume_from = checkpointer.latest() if cfg.resume else None
     extra = trainer.load(resume_from) if resume_from else None
@@ -59,15 +61,13 @@ async def train(cfg: Config) -> int:
     if extra is None and cfg.warmup.sft_steps:
         run_warmup(trainer, cfg.envs, formatter, cfg.warmup, cfg.rollout, cfg.seed, log=logger.log)
 
-    engines = make_engines(cfg.engine, cfg.model, model_path, seed=cfg.seed)
-    rollout = build_rollout(formatter, cfg.rollout, cfg.envs, engines, cfg.proxy, cfg.seed, trainer.version,
-                            cfg.watchdog)
+    rollout = runtime.make_rollout(formatter, trainer.version)
     if extra is not None:
         rollout.buffer.load_state_dict(extra["buffer"])
         rollout.scheduler.load_state_dict(extra["scheduler"])
     eval_managers = [rollout.env_manager(f"eval-{s.name}-{i}", s)
                      for s in cfg.envs for i in range(min(cfg.eval.num_episodes, 16))]
-    parts = Components(rollout, trainer, InProcessSync(trainer.named_weights), eval_managers, tokenizer)
+    parts = Components(rollout, trainer, runtime.make_weight_sync(trainer), eval_managers, tokenizer)
     controller = AsyncController(parts, logger, checkpointer, cfg.max_steps, cfg.checkpoint, cfg.eval)
     try:
         await controller.sync_weights(trainer.version)  # engines serve the (warm-started / resumed) weights
@@ -88,10 +88,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         cfg = load_config(args.config, args.overrides)
-    except ConfigError as exc:
+        final = asyncio.run(train(cfg))
+    except ConfigError as exc:  # also raised by a runtime that cannot place the config
         print(f"config error: {exc}", file=sys.stderr)
         return 2
-    final = asyncio.run(train(cfg))
     print(f"done: version {final}, outputs in {cfg.output_dir}")
     return 0
 

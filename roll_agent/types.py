@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import enum
 import itertools
+import uuid
 from dataclasses import dataclass, field
 
 
@@ -17,10 +18,11 @@ class Status(str, enum.Enum):
 
 
 _request_ids = itertools.count()
+_PROCESS = uuid.uuid4().hex[:8]  # request ids stay unique when many processes (Ray actors) share one proxy
 
 
 def next_request_id(prefix: str = "req") -> str:
-    return f"{prefix}-{next(_request_ids)}"
+    return f"{prefix}-{_PROCESS}-{next(_request_ids)}"
 
 
 @dataclass

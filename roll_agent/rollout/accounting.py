@@ -2,8 +2,9 @@
 
 Outcomes: `finished` / `truncated` (trained on: counted when its group is consumed
 by a training step), `cancelled` (redundant, stale group, engine gave up, or cut off
-by a restart), `env_error` (the env raised or timed out) and `stale_dropped` (ended
-well but too old to train on). Until then an episode is *in flight*: running, or
+by a restart), `env_error` (the env raised or timed out), `stale_dropped` (ended
+well but too old to train on) and `lost` (the process that ran it died: a Ray env
+worker; never under the local runtime). Until then an episode is *in flight*: running, or
 ended well and waiting in a lane or the buffer.
 
 The ledger only counts; `check` compares the counts with what the live structures
@@ -14,7 +15,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-OUTCOMES = ("finished", "truncated", "cancelled", "env_error", "stale_dropped")
+OUTCOMES = ("finished", "truncated", "cancelled", "env_error", "stale_dropped", "lost")
 
 
 class EpisodeLedger:

@@ -60,13 +60,19 @@ class Lane:
 
 class GroupScheduler:
     def __init__(self, cfg: RolloutConfig, specs: list[EnvSpec], buffer: SampleBuffer,
-                 make_manager: Callable[[str, EnvSpec], EnvManager], seed: int = 0, first_group_id: int = 0):
+                 make_manager: Callable[[str, EnvSpec], EnvManager], seed: int = 0, first_group_id: int = 0,
+                 lane_ids: range | None = None, group_id_stride: int = 1):
+        """`lane_ids` and `group_id_stride` let several schedulers (one per Ray env worker) share the
+        lanes of one config: each drives its own lanes and draws group ids from its own residue class."""
         self.cfg = cfg
         self.buffer = buffer
         self._rng = random.Random(seed)
         self._next_group_id = first_group_id
+        self._stride = group_id_stride
         self.lanes = []
         for i, spec in enumerate(partition(specs, cfg.num_env_groups)):
+            if lane_ids is not None and i not in lane_ids:
+                continue
             size = cfg.group_size + cfg.group_size_redundancy
             self.lanes.append(Lane(i, spec, [make_manager(f"g{i}-e{j}", spec) for j in range(size)]))
         self.counts: Counter = Counter()  # groups: put, stale, failed
@@ -78,7 +84,7 @@ class GroupScheduler:
 
     def _new_group(self) -> tuple[int, int]:
         gid = self._next_group_id
-        self._next_group_id += 1
+        self._next_group_id += self._stride
         return gid, self._rng.randrange(TRAIN_SEED_SPACE)
 
     async def _drive(self, lane: Lane) -> None:

@@ -59,21 +59,31 @@ def broadcast_send(named: list[tuple[str, torch.Tensor]], bucket_mb: float = 32,
     return {"bytes": total, "seconds": time.perf_counter() - start}
 
 
+def broadcast_receive(spec: Spec, bucket_mb: float = 32, src: int = 0, group=None, device: str = "cpu"):
+    """Yield the sender's tensors bucket by bucket, as lists of (name, tensor) views into the
+    received flat bucket: a receiver loads one bucket at a time, never a second full copy."""
+    for bucket in layout(spec, bucket_mb):
+        numel = sum(torch.Size(spec[i][1]).numel() for i in bucket)
+        flat = torch.empty(numel, dtype=spec[bucket[0]][2], device=device)
+        dist.broadcast(flat, src=src, group=group)
+        named, offset = [], 0
+        for i in bucket:
+            name, shape, _ = spec[i]
+            n = torch.Size(shape).numel()
+            named.append((name, flat[offset:offset + n].view(shape)))
+            offset += n
+        yield named
+
+
 def broadcast_receive_into(params: list[tuple[str, torch.Tensor]], bucket_mb: float = 32, src: int = 0,
                            group=None, device: str = "cpu") -> dict:
     """Receive the sender's tensors into `params` (same names, shapes and order as sent)."""
     start = time.perf_counter()
     total = 0
+    targets = dict(params)
     with torch.no_grad():
-        for bucket in layout(spec_of(params), bucket_mb):
-            numel = sum(params[i][1].numel() for i in bucket)
-            flat = torch.empty(numel, dtype=params[bucket[0]][1].dtype, device=device)
-            dist.broadcast(flat, src=src, group=group)
-            offset = 0
-            for i in bucket:
-                target = params[i][1]
-                n = target.numel()
-                target.copy_(flat[offset:offset + n].view_as(target))
-                offset += n
-            total += flat.numel() * flat.element_size()
+        for named in broadcast_receive(spec_of(params), bucket_mb, src, group, device):
+            for name, tensor in named:
+                targets[name].copy_(tensor)
+                total += tensor.numel() * tensor.element_size()
     return {"bytes": total, "seconds": time.perf_counter() - start}

@@ -1,0 +1,43 @@
+"""The local runtime: every component in this process, on one asyncio loop."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from roll_agent.config import Config, ConfigError
+from roll_agent.proxy.engines import make_engines
+from roll_agent.rollout.chat import ChatFormatter
+from roll_agent.rollout.stack import RolloutStack, build_rollout
+from roll_agent.train.trainer import make_trainer
+from roll_agent.train.weight_sync import InProcessSync
+
+
+def trainer_of(cfg: Config, model_path: str):
+    """The trainer of `cfg` (`trainer.type`; both runtimes build it here: in this process or in an actor)."""
+    return make_trainer(model_path, cfg.trainer, cfg.algorithm, cfg.model, cfg.rollout.temperature, seed=cfg.seed)
+
+
+class LocalRuntime:
+    def __init__(self, cfg: Config, model_path: str, output_dir: Path):
+        if cfg.weight_sync.type not in ("auto", "inprocess"):
+            raise ConfigError(f"weight_sync.type={cfg.weight_sync.type} moves weights between processes: "
+                              "use it with runtime.type=ray, or set weight_sync.type=auto")
+        self.cfg = cfg
+        self.model_path = model_path
+
+    async def __aenter__(self) -> "LocalRuntime":
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        return None
+
+    def make_trainer(self):
+        return trainer_of(self.cfg, self.model_path)
+
+    def make_rollout(self, formatter: ChatFormatter, version: int) -> RolloutStack:
+        cfg = self.cfg
+        engines = make_engines(cfg.engine, cfg.model, self.model_path, seed=cfg.seed)
+        return build_rollout(formatter, cfg.rollout, cfg.envs, engines, cfg.proxy, cfg.seed, version, cfg.watchdog)
+
+    def make_weight_sync(self, trainer) -> InProcessSync:
+        return InProcessSync(trainer.named_weights)

@@ -1,0 +1,307 @@
+"""The Ray runtime: the same components as Ray actors, placed by a placement group.
+
+    trainer actor (bundle 0: cpus/gpus_per_trainer)  <-- buffer actor (bundle 0, no resources of its own)
+    engine actors  (bundles 1..E: cpus/gpus_per_engine) <-- proxy actor (bundle 1)
+    env-worker actors (bundles E+1..: cpus_per_env_worker), each a GroupScheduler over its share of the lanes
+
+The controller runs in this (the driver) process against façades with the local runtime's
+interface. `runtime.ray.address` joins a running cluster; otherwise a local one is started
+for the run, with its temp dir and logs under `output_dir/ray`, and stopped at the end.
+An env worker that dies is restarted by Ray (max_restarts) and its lanes start new groups;
+its episodes in flight end as `lost` in the buffer actor's episode ledger (`episodes_lost`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import shutil
+import tempfile
+import uuid
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import ray
+from ray.exceptions import RayActorError
+from ray.util.placement_group import placement_group, remove_placement_group
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+import roll_agent
+from roll_agent.config import Config, ConfigError, EnvSpec
+from roll_agent.rollout.accounting import EpisodeLedger
+from roll_agent.rollout.chat import ChatFormatter
+from roll_agent.rollout.env_manager import EnvManager
+from roll_agent.runtime.ray_hosts import BufferHost, EnvWorker, ProxyHost, RemoteProxy
+from roll_agent.runtime.ray_model_hosts import EngineHost, TrainerHost
+from roll_agent.runtime.ray_supervisor import WorkerSupervisor
+from roll_agent.watchdog import Watchdog
+
+log = logging.getLogger(__name__)
+MAX_SOCKET_DIR = 60  # Ray's unix sockets live under the temp dir; AF_UNIX paths end at 107 bytes
+
+
+def _temp_dir(output_dir: Path) -> str:
+    """`output_dir/ray`, or a short dir under /tmp linked from there when that path is too long."""
+    link = output_dir.resolve() / "ray"
+    if len(str(link)) <= MAX_SOCKET_DIR:
+        link.mkdir(parents=True, exist_ok=True)
+        return str(link)
+    short = tempfile.mkdtemp(prefix="roll-ray-")
+    link.parent.mkdir(parents=True, exist_ok=True)
+    if link.is_symlink() or link.exists():
+        link.unlink() if link.is_symlink() else shutil.rmtree(link)
+    link.symlink_to(short, target_is_directory=True)
+    return short
+
+
+def _sync_type(cfg: Config) -> str:
+    kind = cfg.weight_sync.type
+    if kind == "inprocess":
+        raise ConfigError("weight_sync.type=inprocess needs one process: under runtime.type=ray use auto, "
+                          "broadcast or object_store")
+    # DeepSpeed's trainer owns the actor's default process group (a world of one), which
+    # the broadcast group would replace: its weights go through the object store
+    deepspeed = cfg.trainer.type == "deepspeed"
+    if kind == "broadcast" and deepspeed:
+        raise ConfigError("weight_sync.type=broadcast cannot run beside trainer.type=deepspeed under "
+                          "runtime.type=ray (both need the trainer actor's process group): use auto or object_store")
+    if kind == "auto":
+        return "object_store" if cfg.model.lora.enabled or deepspeed else "broadcast"
+    return kind
+
+
+class RayRuntime:
+    def __init__(self, cfg: Config, model_path: str, output_dir: Path):
+        self.cfg, self.rc = cfg, cfg.runtime.ray
+        self.model_path = model_path
+        self.output_dir = output_dir
+        self.sync_type = _sync_type(cfg)
+        self.num_workers = min(self.rc.env_workers, cfg.rollout.num_env_groups)
+        self.actors: list = []
+        self.pg = None
+        self.started_cluster = False
+
+    # ---- cluster, placement ------------------------------------------------------
+    async def __aenter__(self) -> "RayRuntime":
+        rc = self.rc
+        here = str(Path(roll_agent.__file__).parent.parent)
+        if rc.address:  # a running cluster: ship our packages to its workers
+            import envs
+
+            ray.init(address=rc.address, log_to_driver=False, namespace=f"roll_agent-{uuid.uuid4().hex[:8]}",
+                     runtime_env={"py_modules": [str(Path(roll_agent.__file__).parent), str(Path(envs.__file__).parent)]})
+        else:
+            path = os.pathsep.join(p for p in (here, os.environ.get("PYTHONPATH", "")) if p)
+            ray.init(num_cpus=rc.num_cpus or os.cpu_count(), num_gpus=rc.num_gpus, include_dashboard=False,
+                     log_to_driver=False, _temp_dir=_temp_dir(self.output_dir), namespace="roll_agent",
+                     runtime_env={"env_vars": {"PYTHONPATH": path, "TOKENIZERS_PARALLELISM": "false"}})
+            self.started_cluster = True
+        try:
+            await self._place()
+        except BaseException:
+            await self.__aexit__(None, None, None)
+            raise
+        return self
+
+    async def _place(self) -> None:
+        rc, cfg = self.rc, self.cfg
+        bundles = [_bundle(rc.cpus_per_trainer, rc.gpus_per_trainer)]
+        bundles += [_bundle(rc.cpus_per_engine, rc.gpus_per_engine)] * cfg.engine.num_engines
+        if rc.cpus_per_env_worker:  # otherwise env workers reserve nothing and go anywhere
+            bundles += [_bundle(rc.cpus_per_env_worker, 0)] * self.num_workers
+        self.pg = placement_group(bundles, strategy=rc.placement_strategy)
+        try:
+            await asyncio.wait_for(self.pg.ready(), rc.start_timeout_s)
+        except asyncio.TimeoutError:
+            raise ConfigError(
+                f"the Ray cluster cannot place {bundles} ({rc.placement_strategy}) within "
+                f"{rc.start_timeout_s:.0f}s; it has {ray.available_resources()}. Lower runtime.ray.cpus_per_* / "
+                "gpus_per_*, set runtime.ray.num_cpus, or add nodes") from None
+
+    def _at(self, bundle: int | None, cpus: float = 0, gpus: float = 0, **extra):
+        """Actor options: in placement-group bundle `bundle`, or anywhere when None."""
+        if bundle is None:
+            return {"num_cpus": cpus, "num_gpus": gpus, **extra}
+        strategy = PlacementGroupSchedulingStrategy(self.pg, placement_group_bundle_index=bundle)
+        return {"num_cpus": cpus, "num_gpus": gpus, "scheduling_strategy": strategy, **extra}
+
+    async def __aexit__(self, *exc) -> None:
+        for actor in self.actors:
+            ray.kill(actor, no_restart=True)
+        self.actors.clear()
+        if self.pg is not None:
+            remove_placement_group(self.pg)
+            self.pg = None
+        ray.shutdown()
+
+    # ---- components ----------------------------------------------------------------
+    def make_trainer(self) -> "RemoteTrainer":
+        rc = self.rc
+        actor = ray.remote(TrainerHost).options(name="trainer", **self._at(0, rc.cpus_per_trainer, rc.gpus_per_trainer))
+        self.trainer_handle = actor.remote(self.cfg, self.model_path)
+        self.actors.append(self.trainer_handle)
+        return RemoteTrainer(self.trainer_handle)
+
+    def make_rollout(self, formatter: ChatFormatter, version: int) -> "RayRollout":
+        cfg, rc = self.cfg, self.rc
+        engines = [ray.remote(EngineHost).options(name=f"engine-{i}", **self._at(
+                       1 + i, rc.cpus_per_engine, rc.gpus_per_engine, max_restarts=rc.max_restarts))
+                   .remote(cfg, self.model_path, cfg.seed + i) for i in range(cfg.engine.num_engines)]
+        proxy = ray.remote(ProxyHost).options(name="proxy", **self._at(1, max_concurrency=10_000)).remote(
+            cfg, engines, self.trainer_handle, self.sync_type, version)
+        buffer = ray.remote(BufferHost).options(name="buffer", **self._at(0, max_concurrency=10_000)).remote(
+            cfg.rollout, version)
+        first = 1 + cfg.engine.num_engines
+        bundle = (lambda w: first + w) if rc.cpus_per_env_worker else (lambda w: None)
+        workers = [ray.remote(EnvWorker).options(name=f"env-worker-{w}", **self._at(bundle(w), rc.cpus_per_env_worker,
+                                                            max_restarts=rc.max_restarts, max_concurrency=10_000))
+                   .remote(cfg, w, self.num_workers, self.model_path, proxy, buffer) for w in range(self.num_workers)]
+        self.actors += [*workers, proxy, buffer, *engines]
+        return RayRollout(cfg, formatter, proxy, buffer, workers, version)
+
+    def make_weight_sync(self, trainer) -> "RaySync":
+        return RaySync()
+
+
+def _bundle(cpus: float, gpus: float) -> dict:
+    bundle = {k: v for k, v in (("CPU", cpus), ("GPU", gpus)) if v > 0}
+    if not bundle:
+        raise ConfigError("runtime.ray: the trainer and each engine need some CPU or GPU (cpus_per_* or gpus_per_*)")
+    return bundle
+
+
+# ---- façades the controller drives -----------------------------------------------------
+class RemoteTrainer:
+    """The trainer actor with the TorchTrainer interface (blocking calls, as the controller makes them)."""
+
+    def __init__(self, handle):
+        self.handle = handle
+        self.version = ray.get(handle.version.remote())
+
+    def step(self, batch) -> dict:
+        metrics, self.version = ray.get(self.handle.step.remote(batch))
+        return metrics
+
+    def sft_step(self, trajs, lr: float) -> dict:
+        return ray.get(self.handle.sft_step.remote(trajs, lr))
+
+    def save(self, path: Path, extra: dict) -> None:
+        ray.get(self.handle.save.remote(str(path), extra))
+
+    def load(self, path: Path) -> dict:
+        extra, self.version = ray.get(self.handle.load.remote(str(path)))
+        return extra
+
+
+class RaySync:
+    """Weight sync runs in the proxy actor (which owns the engines); this asks it for one."""
+
+    async def push(self, proxy, version: int) -> dict:
+        return await proxy.update_weights.remote(version)
+
+
+class ClusterWatchdog(Watchdog):
+    """The driver's watchdog (batch waits, evaluation envs) plus what the actors' watchdogs
+    reported at the last refresh (env workers: env stages and episodes; proxy: requests)."""
+
+    def __init__(self, cfg):
+        super().__init__(cfg)
+        self.remote_stats: Counter = Counter()
+        self.remote_oldest: list[str] = []
+
+    def metrics(self) -> dict[str, int]:
+        total = self.stats + self.remote_stats
+        return {f"watchdog_{k}": v for k, v in sorted(total.items())}
+
+    def oldest(self, n: int = 10) -> list[str]:
+        return (super().oldest(n) + [f"(at the last step) {w}" for w in self.remote_oldest])[:n]
+
+
+class ProxyView:
+    def __init__(self):
+        self.stats: dict = {"gen_tokens": 0, "request_failures": 0, "engine_crashes": 0}
+
+
+class BufferView:
+    """The SampleBuffer interface over the buffer actor; the synchronous reads (ledger,
+    stats, len, state_dict) answer from the snapshot of the last refresh."""
+
+    def __init__(self, handle):
+        self.handle = handle
+        self.ledger = EpisodeLedger()  # counts copied from the actor's ledger
+        self.stats: dict = {}
+        self.state: dict = {}
+        self.waiting = 0
+        self.in_flight = 0
+
+    async def refresh(self) -> None:
+        snap = await self.handle.snapshot.remote()
+        self.stats, self.state, self.waiting = snap["stats"], snap["state"], snap["waiting"]
+        self.ledger.counts, self.in_flight = Counter(snap["counts"]), snap["in_flight"]
+
+    async def get_batch(self, train_version: int):
+        return await self.handle.get_batch.remote(train_version)
+
+    def state_dict(self, in_flight: int = 0) -> dict:
+        return {**self.state, "episodes": self.ledger.state_dict(in_flight)}
+
+    def load_state_dict(self, state: dict) -> None:
+        ray.get(self.handle.load_state_dict.remote(state))
+
+    def __len__(self) -> int:
+        return self.waiting
+
+
+class RayRollout:
+    """The RolloutStack interface over the actors: proxy, buffer, scheduler, watchdog,
+    accounting, update_weights, close."""
+
+    def __init__(self, cfg: Config, formatter: ChatFormatter, proxy, buffer, workers: list, version: int):
+        self.cfg = cfg
+        self.formatter = formatter
+        self.proxy_handle = proxy
+        self.proxy = ProxyView()
+        self.buffer = BufferView(buffer)
+        self.scheduler = WorkerSupervisor(workers, self.buffer, version, cfg.runtime.ray.max_restarts)
+        self.watchdog = ClusterWatchdog(cfg.watchdog)
+        self.executor = ThreadPoolExecutor(cfg.rollout.env_threads, thread_name_prefix="eval-env")
+        self._driver_proxy = RemoteProxy(proxy, version)
+
+    def env_manager(self, env_id: str, spec: EnvSpec) -> EnvManager:
+        """Evaluation envs run here in the driver; their requests go to the proxy actor."""
+        return EnvManager(env_id, spec, self.formatter, self._driver_proxy, self.cfg.rollout, self.executor,
+                          self.watchdog)
+
+    def accounting(self) -> dict:
+        """As RolloutStack.accounting, from the buffer actor's snapshot (its ledger, and the
+        episodes in flight as the env workers' ledger calls and puts left them)."""
+        return self.buffer.ledger.check(self.scheduler.num_in_flight)
+
+    async def update_weights(self, version: int, push) -> dict:
+        report = await push(self.proxy_handle, version)
+        self._driver_proxy.version = version
+        await self.buffer.handle.set_version.remote(version)
+        await self.scheduler.on_version(version)
+        await self.refresh()
+        return report
+
+    async def refresh(self) -> None:
+        """Pull the counters the controller reads synchronously (once per step)."""
+        self.proxy.stats, report, _, _ = await asyncio.gather(
+            self.proxy_handle.stats.remote(), self.proxy_handle.watchdog_report.remote(),
+            self.buffer.refresh(), self.scheduler.refresh())
+        snaps = self.scheduler.snapshots
+        self.watchdog.remote_stats = sum((Counter(s["watchdog"]) for s in snaps), Counter(report["stats"]))
+        self.watchdog.remote_oldest = [w for s in snaps for w in s["oldest"]] + report["oldest"]
+
+    async def close(self) -> None:
+        await self.scheduler.stop()
+        await self.refresh()
+        try:
+            await self.proxy_handle.close.remote()
+        except RayActorError:
+            pass
+        await self.watchdog.close()
+        self.executor.shutdown(wait=False, cancel_futures=True)

@@ -1,0 +1,101 @@
+"""The GroupScheduler interface over env-worker actors, and what happens when one dies.
+
+Each env worker drives its share of the lanes until stopped. When its actor dies, Ray
+restarts it (runtime.ray.max_restarts); the supervisor has the buffer actor give the dead
+incarnation's admission places back and end its in-flight episodes as `lost` (ledger),
+and starts the restarted worker on fresh groups (new task seeds, group ids after the
+last one it put, so no id repeats).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from ray.exceptions import RayActorError
+
+from roll_agent.config import ConfigError
+
+log = logging.getLogger(__name__)
+EMPTY = {"incarnation": -1, "state": None, "watchdog": {}, "oldest": []}
+
+
+class WorkerSupervisor:
+    def __init__(self, workers: list, buffer, version: int, max_restarts: int):
+        """`buffer`: the driver's BufferView (its snapshot holds the episodes in flight)."""
+        self.workers = workers
+        self.buffer = buffer
+        self.version = version
+        self.max_restarts = max_restarts
+        self.incarnations = [0] * len(workers)
+        self.snapshots = [dict(EMPTY) for _ in workers]
+        self._resume: list = [None] * len(workers)
+        self._tasks: list[asyncio.Task] = []
+        self._stopping = False
+
+    def start(self) -> None:
+        self._tasks = [asyncio.create_task(self._supervise(w), name=f"env-worker-{w}") for w in range(len(self.workers))]
+
+    async def _supervise(self, w: int) -> None:
+        state, restarts = self._resume[w], 0
+        while True:
+            try:
+                self.snapshots[w] = await self.workers[w].run.remote(self.incarnations[w], self.version, state)
+                return
+            except RayActorError:
+                if self._stopping:
+                    return
+                state = await self._retire(w)
+                restarts += 1
+                if restarts > self.max_restarts:
+                    log.error("env worker %d died %d times: its lanes stop (runtime.ray.max_restarts=%d)",
+                              w, restarts, self.max_restarts)
+                    return
+                log.warning("env worker %d died; restarted, its lanes start new groups", w)
+
+    async def _retire(self, w: int) -> dict:
+        """Account for a dead incarnation; returns the state its successor starts from."""
+        lost = await self.buffer.handle.release_owner.remote((w, self.incarnations[w]))
+        log.warning("env worker %d incarnation %d died: %d episodes lost", w, self.incarnations[w], lost)
+        snap = self.snapshots[w]
+        stride = len(self.workers)
+        last_put = (await self.buffer.handle.last_group_ids.remote()).get(w, w - stride)
+        known = snap["state"]["next_group_id"] if snap["state"] else w
+        self.incarnations[w] += 1
+        self.snapshots[w] = dict(EMPTY)
+        return {"next_group_id": max(known, last_put + stride)}
+
+    @property
+    def num_in_flight(self) -> int:
+        return self.buffer.in_flight
+
+    async def on_version(self, version: int) -> None:
+        self.version = version
+        await asyncio.gather(*(wk.on_version.remote(version) for wk in self.workers), return_exceptions=True)
+
+    async def cancel_running(self) -> int:
+        """Every worker cancels its running episodes (the watchdog's answer to a batch that never fills)."""
+        counts = await asyncio.gather(*(wk.cancel_running.remote() for wk in self.workers), return_exceptions=True)
+        return sum(c for c in counts if isinstance(c, int))
+
+    async def refresh(self) -> None:
+        snaps = await asyncio.gather(*(wk.snapshot.remote() for wk in self.workers), return_exceptions=True)
+        for w, snap in enumerate(snaps):
+            if isinstance(snap, dict) and snap["incarnation"] == self.incarnations[w]:
+                self.snapshots[w] = snap
+
+    def state_dict(self) -> dict:
+        return {"workers": [s["state"] for s in self.snapshots]}
+
+    def load_state_dict(self, state: dict) -> None:
+        workers = state.get("workers")
+        if workers is None or len(workers) != len(self.workers):
+            raise ConfigError("this checkpoint was written by another runtime or another runtime.ray.env_workers "
+                              "count: resume with the settings that wrote it")
+        self._resume = list(workers)
+
+    async def stop(self) -> None:
+        self._stopping = True
+        await asyncio.gather(*(wk.stop.remote() for wk in self.workers), return_exceptions=True)
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self.buffer.refresh()  # the controller's last accounting row reads it

@@ -1,0 +1,44 @@
+"""The buffer actor's bookkeeping (a plain class; no cluster needed): the episode ledger
+the env workers report into, and what a dead worker incarnation leaves behind."""
+
+import pytest
+
+pytest.importorskip("ray")
+
+from roll_agent.config import RolloutConfig  # noqa: E402
+from roll_agent.rollout.accounting import OUTCOMES  # noqa: E402
+from roll_agent.runtime.ray_hosts import BufferHost  # noqa: E402
+from roll_agent.types import Group, Trajectory  # noqa: E402
+from tests.conftest import run  # noqa: E402
+
+
+def _identity(snap: dict) -> bool:
+    counts = snap["counts"]
+    ended = sum(counts.get(k, 0) for k in OUTCOMES)
+    return counts["started"] == ended + snap["in_flight"]
+
+
+def test_a_dead_workers_in_flight_episodes_end_as_lost_and_its_places_come_back():
+    cfg = RolloutConfig(num_env_groups=2, groups_per_batch=1, group_size=2, group_size_redundancy=1)
+
+    async def scenario():
+        host = BufferHost(cfg, version=0)
+        live, dead = (0, 0), (1, 0)
+        for owner in (live, dead):  # each plays a group of 3 episodes
+            await host.admit(owner)
+            host.ledger_start(owner, 3)
+        host.ledger_end(live, "cancelled", 1)  # the redundant one
+        await host.put(live, Group(0, 7, "sim", [Trajectory(group_id=0), Trajectory(group_id=0)]))
+        host.ledger_end(dead, "env_error", 1)
+        before = host.snapshot()
+        assert before["in_flight"] == 2 + 2 and _identity(before)  # 2 waiting here, 2 running in the dead worker
+
+        assert await host.release_owner(dead) == 2
+        host.ledger_end(dead, "cancelled", 2)  # a late call of the dead worker: already ended as lost
+        after = host.snapshot()
+        assert after["counts"]["lost"] == 2 and after["in_flight"] == 2 and _identity(after)
+        assert dead not in after["held"] and host.buffer.held == cfg.group_size  # only the waiting group's places
+        batch = await host.get_batch(0)
+        assert len(batch) == 1 and _identity(host.snapshot()) and host.snapshot()["in_flight"] == 0
+
+    run(scenario())

@@ -1,0 +1,197 @@
+"""runtime.type=ray: the same run as the local runtime, with the components as Ray actors
+on a local 2-CPU Ray cluster started and stopped by the run."""
+
+import asyncio
+import os
+import signal
+
+import pytest
+
+ray = pytest.importorskip("ray")
+
+from roll_agent.config import ConfigError, load_config  # noqa: E402
+from roll_agent.metrics import read_rows  # noqa: E402
+from roll_agent.run import train  # noqa: E402
+from tests.conftest import run  # noqa: E402
+from tests.test_run import SMALL  # noqa: E402
+
+RAY = ["runtime.type=ray", "runtime.ray.num_cpus=2", "runtime.ray.start_timeout_s=60"]
+
+
+def ray_cfg(tmp_path, *extra):
+    return load_config(None, SMALL + RAY + [f"output_dir={tmp_path}", *extra])
+
+
+def _ray_processes_of(out) -> list[int]:
+    """Pids of processes still running from this run's Ray session (temp dir under `out`)."""
+    temp = os.path.realpath(out / "ray")
+    pids = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            cmd = open(f"/proc/{pid}/cmdline", "rb").read().decode(errors="replace")
+        except OSError:
+            continue
+        if temp in cmd:
+            pids.append(int(pid))
+    return pids
+
+
+@pytest.mark.slow
+def test_ray_run_trains_checkpoints_resumes_and_leaves_nothing_running(tmp_path):
+    cfg = ray_cfg(tmp_path, "max_steps=2", "warmup.sft_steps=2", "warmup.episodes_per_step=2",
+                  "checkpoint.every=1", "checkpoint.keep_last=5")
+    assert run(train(cfg), timeout=300) == 2
+    rows = read_rows(tmp_path / "metrics.jsonl")
+    steps = [r for r in rows if "loss" in r]
+    assert [r["version"] for r in steps] == [1, 2]
+    for r in steps:  # the local runtime's metrics, weights moved by the torch.distributed broadcast
+        for key in ("reward_mean", "staleness_max", "episodes_started", "episodes_lost", "gen_tokens_per_s",
+                    "train_tokens_per_s", "time_sync_s", "grad_norm"):
+            assert key in r, key
+        assert r["sync_bytes"] > 0 and r["episodes_lost"] == 0 and r["accounting_ok"]
+        assert "proxy_request_failures" in r and "episodes_in_flight" in r
+    assert [r["step"] for r in rows if "eval_success_rate" in r] == [0, 2]
+    assert (tmp_path / "checkpoints" / "step_000002" / "model" / "config.json").exists()
+    assert list((tmp_path / "ray").glob("session_*/logs")), "Ray's logs go under output_dir/ray"
+    assert _ray_processes_of(tmp_path) == []
+
+    resumed = ray_cfg(tmp_path, "max_steps=3", "resume=true")
+    assert run(train(resumed), timeout=300) == 3
+    steps = [r["step"] for r in read_rows(tmp_path / "metrics.jsonl") if "loss" in r]
+    assert steps == [1, 2, 3]
+    assert _ray_processes_of(tmp_path) == []
+
+
+async def _first_step(out) -> None:
+    path = out / "metrics.jsonl"
+    while not (path.exists() and any("loss" in r for r in read_rows(path))):
+        await asyncio.sleep(0.2)
+
+
+async def _kill_busy_env_worker(out) -> tuple[int, int]:
+    """After the first training step, SIGKILL env worker 0 while it plays a group; returns
+    its pid before and after Ray restarted it."""
+    await _first_step(out)
+    worker, buffer = ray.get_actor("env-worker-0"), ray.get_actor("buffer")
+    while not (await buffer.snapshot.remote())["held"].get((0, 0)):
+        await asyncio.sleep(0.05)
+    old = await worker.pid.remote()
+    os.kill(old, signal.SIGKILL)
+    while True:
+        try:
+            new = await worker.pid.remote()
+            if new != old:
+                return old, new
+        except ray.exceptions.RayActorError:
+            pass
+        await asyncio.sleep(0.2)
+
+
+@pytest.mark.slow
+def test_killed_env_worker_is_restarted_and_the_run_reports_lost_episodes(tmp_path):
+    # a slow env keeps every group in flight for a while, so the kill always hits a running one
+    cfg = ray_cfg(tmp_path, "max_steps=5", "envs=[{id: roll_agent/Simulated-v0, kwargs: {latency: fixed, mean_s: 0.3}}]",
+                  "rollout.max_turns=2")
+
+    async def scenario():
+        training = asyncio.create_task(train(cfg))
+        killed = await _kill_busy_env_worker(tmp_path)
+        return await training, killed
+
+    final, (old, new) = run(scenario(), timeout=300)
+    assert final == 5 and new != old
+    all_rows = read_rows(tmp_path / "metrics.jsonl")
+    rows = [r for r in all_rows if "loss" in r]
+    assert [r["step"] for r in rows] == [1, 2, 3, 4, 5]
+    assert sum(r["episodes_lost"] for r in rows) > 0  # the killed worker was playing a group
+    # the lost episodes are an outcome of the ledger: started == sum(outcomes) + in flight, every row
+    assert all(r["accounting_ok"] for r in all_rows if "accounting_ok" in r)
+    final_row = [r for r in all_rows if "episodes_total_lost" in r][-1]
+    assert final_row["episodes_total_lost"] == sum(r["episodes_lost"] for r in rows)
+    assert _ray_processes_of(tmp_path) == []
+
+
+def test_inprocess_weight_sync_is_refused_under_ray(tmp_path):
+    from roll_agent.runtime.ray_runtime import RayRuntime
+
+    cfg = ray_cfg(tmp_path, "weight_sync.type=inprocess")
+    with pytest.raises(ConfigError, match="weight_sync.type=inprocess needs one process"):
+        RayRuntime(cfg, "unused", tmp_path)
+
+
+def test_ray_temp_dir_is_short_and_linked_from_a_long_output_dir(tmp_path):
+    from roll_agent.runtime.ray_runtime import MAX_SOCKET_DIR, _temp_dir
+
+    deep = tmp_path / ("x" * 80)
+    temp = _temp_dir(deep)
+    try:
+        assert len(temp) <= MAX_SOCKET_DIR
+        assert os.path.realpath(deep / "ray") == os.path.realpath(temp)
+    finally:
+        os.rmdir(temp)
+
+
+async def _kill_engine_after_first_step(out) -> dict:
+    """SIGKILL the engine actor after the first training step; returns the proxy's stats
+    once Ray restarted it and the proxy re-synced it."""
+    await _first_step(out)
+    engine, proxy = ray.get_actor("engine-0"), ray.get_actor("proxy")
+    os.kill(await engine.ping.remote(), signal.SIGKILL)
+    while not (stats := await proxy.stats.remote()).get("engine_restarts"):
+        await asyncio.sleep(0.2)
+    return stats
+
+
+@pytest.mark.slow
+def test_killed_engine_is_restarted_resynced_and_no_episode_is_lost(tmp_path):
+    cfg = ray_cfg(tmp_path, "max_steps=4")
+
+    async def scenario():
+        training = asyncio.create_task(train(cfg))
+        stats = await _kill_engine_after_first_step(tmp_path)
+        return await training, stats
+
+    final, stats = run(scenario(), timeout=300)
+    assert final == 4
+    assert stats["engine_restarts"] == 1 and stats["engine_requests_lost"] >= 1
+    assert stats["version"] >= 1  # re-synced to the served version, not the base model's 0
+    rows = [r for r in read_rows(tmp_path / "metrics.jsonl") if "loss" in r]
+    assert [r["step"] for r in rows] == [1, 2, 3, 4]
+    assert sum(r["episodes_lost"] for r in rows) == 0
+    assert _ray_processes_of(tmp_path) == []
+
+
+@pytest.mark.slow
+def test_default_config_on_ray_learns(tmp_path):
+    """The learning criterion of the default run (greedy eval success on 64 held-out maps
+    rises >= 25 points) on a local 2-CPU Ray cluster. The whole 40-step default run takes
+    ~5 min on 2 cores; its curve reaches its plateau by step 10 (README), so this runs the
+    default config for 10 steps (warm-start included) with one eval before and one after."""
+    cfg = load_config(None, RAY + [f"output_dir={tmp_path}", "max_steps=10", "eval.every=0",
+                                   "logging.progress=false", "logging.tensorboard=false"])
+    assert run(train(cfg), timeout=900) == 10
+    evals = {r["step"]: r["eval_success_rate"] for r in read_rows(tmp_path / "metrics.jsonl") if "eval_success_rate" in r}
+    assert evals[10] - evals[0] >= 0.25, evals
+
+
+@pytest.mark.slow
+def test_deepspeed_trainer_runs_as_the_trainer_actor(tmp_path):
+    """trainer.type=deepspeed under ray: a DeepSpeed world of one in the trainer actor; its full
+    weights reach the engines through the object store (the broadcast group would replace
+    DeepSpeed's process group)."""
+    pytest.importorskip("deepspeed", reason="the `deepspeed` extra is not installed")
+    cfg = ray_cfg(tmp_path, "max_steps=2", "trainer.type=deepspeed", "trainer.deepspeed.zero_stage=2")
+    assert run(train(cfg), timeout=400) == 2
+    steps = [r for r in read_rows(tmp_path / "metrics.jsonl") if "loss" in r]
+    assert [r["version"] for r in steps] == [1, 2]
+    assert all(r["sync_bytes"] > 0 and r["accounting_ok"] for r in steps)
+    assert (tmp_path / "checkpoints" / "step_000002" / "deepspeed").is_dir()
+    assert _ray_processes_of(tmp_path) == []
+
+
+def test_broadcast_sync_is_refused_beside_deepspeed_under_ray(tmp_path):
+    from roll_agent.runtime.ray_runtime import RayRuntime
+
+    cfg = ray_cfg(tmp_path, "trainer.type=deepspeed", "weight_sync.type=broadcast")
+    with pytest.raises(ConfigError, match="use auto or object_store"):
+        RayRuntime(cfg, "unused", tmp_path)
