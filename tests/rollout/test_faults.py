@@ -2,6 +2,7 @@
 engine that crashes) end at most their own episode, the watchdog reports and cancels what
 is stuck, and every started episode is accounted for."""
 
+import asyncio
 import logging
 
 import pytest
@@ -48,9 +49,13 @@ def test_faults_everywhere_batches_fill_and_every_episode_is_accounted(formatter
                 assert len(batch) == rollout.groups_per_batch
                 assert all(t.status in (Status.FINISHED, Status.TRUNCATED) for g in batch for t in g.trajectories)
                 await stack.update_weights(v + 1)
+            while stack.proxy._restarts:  # a crash late in the run: its restart pushes the current weights
+                await asyncio.sleep(0.005)
+            restarted_version.append(stack.proxy.engines[1].version)  # no await since: no restart pending
         finally:
             await stack.close()
 
+    restarted_version = []
     run(go(), timeout=120)
     checks.append(stack.accounting())  # after close: the cancelled rest is counted too
     assert all(c["accounting_ok"] for c in checks), checks
@@ -59,8 +64,9 @@ def test_faults_everywhere_batches_fill_and_every_episode_is_accounted(formatter
     assert final["episodes_total_finished"] + final["episodes_total_truncated"] >= STEPS * 2
     stats = stack.proxy.stats
     assert stats["request_failures"] > 0 and stats["engine_crashes"] > 0 and stats["engine_restarts"] > 0
-    assert stack.watchdog.stats["stuck_env"] > 0  # hung steps past step_timeout_s (stuck requests: below)
-    assert stack.proxy.engines[1].version == STEPS, "a restarted engine gets the current weights"
+    # hung steps end as env_error past step_timeout_s, or are cancelled with their group first
+    # (timing decides which; tests/rollout/test_env_errors.py pins the timeout path)
+    assert restarted_version == [STEPS], "a restarted engine gets the current weights"
 
 
 def test_stuck_request_is_reported_cancelled_and_reissued(formatter, caplog):
