@@ -1,5 +1,7 @@
 """An env that raises or hangs ends only its own episode, with status env_error."""
 
+import asyncio
+
 from roll_agent.config import RolloutConfig
 from roll_agent.types import Status
 from tests.conftest import run
@@ -50,3 +52,21 @@ def test_blocking_env_steps_run_off_the_event_loop(formatter):
     env_time = sum(t.timing["env_s"] for g in batch for t in g.trajectories)
     # 16 envs each blocking 0.2 s: run serially the overlap would be 1
     assert env_time / elapsed > 4, (env_time, elapsed)
+
+
+def test_a_step_hung_past_its_timeout_is_reported_by_the_watchdog(formatter):
+    rollout = RolloutConfig(num_env_groups=1, groups_per_batch=1, group_size=2, group_size_redundancy=0,
+                            max_turns=3, step_timeout_s=0.05)
+    stack = build(formatter, rollout, {"episode_len": 3, "hang_prob": 1.0, "hang_s": 60.0})
+
+    async def go():
+        stack.scheduler.start()
+        try:
+            while stack.buffer.ledger.counts["env_error"] < 2:
+                await asyncio.sleep(0.01)
+        finally:
+            await stack.close()
+
+    run(go(), timeout=30)
+    assert stack.watchdog.stats["stuck_env"] >= 2
+    assert stack.accounting()["accounting_ok"]
