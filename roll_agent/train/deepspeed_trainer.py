@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import socket
 from pathlib import Path
 from typing import Iterator
 
@@ -49,14 +48,15 @@ def init_distributed(device: str) -> None:
     deepspeed = import_deepspeed(device)
     if dist.is_initialized():
         return
-    if "RANK" not in os.environ:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    backend = "nccl" if device.startswith("cuda") else "gloo"
     if device.startswith("cuda"):
         torch.cuda.set_device(torch.device(device) if ":" in device else int(os.environ.get("LOCAL_RANK", 0)))
-    deepspeed.init_distributed(dist_backend="nccl" if device.startswith("cuda") else "gloo", verbose=False)
+    if "RANK" not in os.environ:
+        # a world of one needs no rendezvous: an in-process store, so no TCP port can be taken
+        # by another process between choosing it and binding it (Ray opens many)
+        os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1")
+        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
+    deepspeed.init_distributed(dist_backend=backend, verbose=False)  # adopts a group already made
 
 
 def ds_config(cfg: TrainerConfig) -> dict:
