@@ -51,9 +51,9 @@ def init_distributed(device: str) -> None:
     backend = "nccl" if device.startswith("cuda") else "gloo"
     if device.startswith("cuda"):
         torch.cuda.set_device(torch.device(device) if ":" in device else int(os.environ.get("LOCAL_RANK", 0)))
-    if "RANK" not in os.environ:
-        # a world of one needs no rendezvous: an in-process store, so no TCP port can be taken
-        # by another process between choosing it and binding it (Ray opens many)
+    if "MASTER_ADDR" not in os.environ:  # no launcher (they all set it): a world of one
+        # it needs no rendezvous: an in-process store, so no TCP port can be taken by another
+        # process between choosing it and binding it (Ray opens many)
         os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1")
         dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
     deepspeed.init_distributed(dist_backend=backend, verbose=False)  # adopts a group already made
