@@ -312,6 +312,10 @@ class RayConfig:
 class RuntimeConfig:
     type: str = "local"  # local: one process (asyncio) | ray: components as Ray actors
     torch_threads: int = 0  # intra-op threads per process (engines and trainer); 0 = torch's default
+    # local runtime, torch trainer on CPU: train in a child process (its own interpreter and GIL, so
+    # training runs beside generation instead of taking turns with it); false, or any other trainer:
+    # in a thread of this process
+    trainer_process: bool = True
     ray: RayConfig = field(default_factory=RayConfig)
 
     def __post_init__(self) -> None:

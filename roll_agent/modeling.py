@@ -3,6 +3,8 @@ the same parameters under the same names (LoRA adapters included)."""
 
 from __future__ import annotations
 
+import inspect
+
 import torch
 from transformers import AutoModelForCausalLM
 
@@ -32,3 +34,14 @@ def sync_parameters(model, cfg: ModelConfig):
     for name, param in model.named_parameters():
         if not cfg.lora.enabled or "lora_" in name:
             yield name, param
+
+
+def logits_to_keep_kwargs(model, keep: int) -> dict:
+    """`{"logits_to_keep": keep}` where the model can compute logits for its last `keep`
+    positions only (transformers' causal LMs; through a peft wrapper too), else `{}`."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    supported = getattr(base, "_roll_agent_keeps_logits", None)
+    if supported is None:
+        supported = "logits_to_keep" in inspect.signature(base.forward).parameters
+        base._roll_agent_keeps_logits = supported
+    return {"logits_to_keep": keep} if supported else {}

@@ -54,9 +54,12 @@ def test_each_loss_trains_two_steps(tmp_path, loss):
 
 
 @pytest.mark.slow
-def test_weights_reach_the_engine_after_each_step(tmp_path):
-    """After training, the engine serves exactly the trainer's weights (in-process sync)."""
-    cfg = small_cfg(tmp_path, "warmup.sft_steps=2", "warmup.episodes_per_step=2")
+@pytest.mark.parametrize("trainer_process", ["true", "false"])
+def test_weights_reach_the_engine_after_each_step(tmp_path, trainer_process):
+    """After training, the engine serves exactly the trainer's weights (in-process sync), whether the
+    trainer runs in a child process (shared memory) or in a thread of this one."""
+    cfg = small_cfg(tmp_path, "warmup.sft_steps=2", "warmup.episodes_per_step=2",
+                    f"runtime.trainer_process={trainer_process}")
     run(train(cfg), timeout=300)
     trained = AutoModelForCausalLM.from_pretrained(tmp_path / "checkpoints" / "step_000002" / "model")
     base = AutoModelForCausalLM.from_pretrained(tmp_path / "base_model")

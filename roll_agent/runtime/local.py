@@ -1,4 +1,5 @@
-"""The local runtime: every component in this process, on one asyncio loop."""
+"""The local runtime: every component in this process, on one asyncio loop (the trainer
+optionally in a child process: `runtime.trainer_process`)."""
 
 from __future__ import annotations
 
@@ -24,14 +25,24 @@ class LocalRuntime:
                               "use it with runtime.type=ray, or set weight_sync.type=auto")
         self.cfg = cfg
         self.model_path = model_path
+        # the child hands over its CPU parameters in shared memory: the torch trainer on CPU only
+        self.trainer_process = cfg.runtime.trainer_process and cfg.trainer.type == "torch" \
+            and cfg.trainer.device == "cpu"
+        self._process_trainer = None
 
     async def __aenter__(self) -> "LocalRuntime":
         return self
 
     async def __aexit__(self, *exc) -> None:
-        return None
+        if self._process_trainer is not None:
+            self._process_trainer.close()
 
     def make_trainer(self):
+        if self.trainer_process:
+            from roll_agent.runtime.trainer_process import ProcessTrainer
+
+            self._process_trainer = ProcessTrainer(self.cfg, self.model_path)
+            return self._process_trainer
         return trainer_of(self.cfg, self.model_path)
 
     def make_rollout(self, formatter: ChatFormatter, version: int) -> RolloutStack:

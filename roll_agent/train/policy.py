@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from roll_agent.config import AlgorithmConfig, ModelConfig, TrainerConfig
-from roll_agent.modeling import sync_parameters
+from roll_agent.modeling import logits_to_keep_kwargs, sync_parameters
 from roll_agent.train import algorithms as alg
 from roll_agent.types import Group, Trajectory
 
@@ -30,6 +30,7 @@ class PolicyTrainer:
     net: torch.nn.Module
     ref_model: torch.nn.Module | None = None
     device: torch.device
+    narrow_logits = True  # logits only from the earliest trained token on (False: every position)
 
     def __init__(self, cfg: TrainerConfig, algo: AlgorithmConfig, model_cfg: ModelConfig | None,
                  temperature: float, seed: int):
@@ -76,16 +77,33 @@ class PolicyTrainer:
             attn[i, :L] = 1
             mask[i, :L] = torch.tensor(t.loss_mask, dtype=torch.float32)
             behav[i, :L] = torch.tensor(t.logprobs, dtype=torch.float32)
+        # Position t's logits predict token t+1, so targets are shifted by one. No token before the
+        # earliest trained (loss-masked) one counts: logits (and their log-softmax, entropy and
+        # backward) are computed only from `start`, the position that predicts it.
+        start = 0
+        if self.narrow_logits and logits_to_keep_kwargs(self.model, 1):
+            start = max(0, min(_first_trained(t.loss_mask) for t in trajs) - 1)
         dev = self.device
-        # position t's logits predict token t+1: targets are shifted by one
-        return {"ids": ids.to(dev), "attn": attn.to(dev), "mask": mask[:, 1:].to(dev), "behav": behav[:, 1:].to(dev)}
+        return {"ids": ids.to(dev), "attn": attn.to(dev), "start": start,
+                "mask": mask[:, 1 + start:].to(dev), "behav": behav[:, 1 + start:].to(dev)}
 
     def _forward(self, model, batch: dict[str, torch.Tensor], with_entropy: bool):
+        """Log-probs of the targets from `batch["start"]` on, and the entropy there (None unless asked).
+
+        The entropy joins the autograd graph only when the loss has an entropy term."""
+        ids, start = batch["ids"], batch["start"]
+        kwargs = logits_to_keep_kwargs(self.model, ids.shape[1] - start) if start else {}
         with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self._autocast_bf16):
-            logits = model(input_ids=batch["ids"], attention_mask=batch["attn"]).logits[:, :-1].float()
-        logits = logits / self.temperature
-        logp = torch.log_softmax(logits, dim=-1).gather(-1, batch["ids"][:, 1:, None]).squeeze(-1)
-        entropy = alg.entropy_from_logits(logits) if with_entropy else None
+            logits = model(input_ids=ids, attention_mask=batch["attn"], **kwargs).logits
+        logits = logits[:, -(ids.shape[1] - start):-1].float()
+        if self.temperature != 1.0:
+            logits = logits / self.temperature
+        logsm = torch.log_softmax(logits, dim=-1)
+        logp = logsm.gather(-1, ids[:, start + 1:, None]).squeeze(-1)
+        entropy = None
+        if with_entropy:
+            with torch.set_grad_enabled(torch.is_grad_enabled() and self.algo.entropy_coef != 0):
+                entropy = alg.entropy_from_log_softmax(logsm)
         return logp, entropy
 
     def _micro_batches(self, items: list[int]) -> Iterator[list[int]]:
@@ -125,7 +143,7 @@ class PolicyTrainer:
         for idx in self._micro_batches(list(range(len(trajs)))):
             batch = self._tensors([trajs[i] for i in idx])
             logp, _ = self._forward(self.net, batch, with_entropy=False)
-            out += [row for row in logp]
+            out += [(batch["start"], row) for row in logp]
         return out
 
     def _update(self, trajs, mini: list[int], adv, old, sums: dict[str, float]) -> None:
@@ -153,7 +171,7 @@ class PolicyTrainer:
         algo = self.algo
         logp, entropy = self._forward(self.net, batch, with_entropy=True)
         mask = batch["mask"]
-        logp_old = logp.detach() if old is None else _stack_rows([old[i] for i in idx], logp.shape[1])
+        logp_old = logp.detach() if old is None else _stack_rows([old[i] for i in idx], batch["start"], logp.shape[1])
         advantages = adv[idx].to(logp.device)[:, None].expand_as(logp)
         positive = torch.tensor([trajs[i].reward > 0 for i in idx], device=logp.device)
         loss_tok, diag = alg.policy_loss(
@@ -225,12 +243,20 @@ class PolicyTrainer:
         return state["extra"]
 
 
-def _stack_rows(rows: list[torch.Tensor], width: int) -> torch.Tensor:
-    out = torch.zeros((len(rows), width), device=rows[0].device)
-    for i, row in enumerate(rows):
-        n = min(width, row.shape[0])
-        out[i, :n] = row[:n]
+def _stack_rows(rows: list[tuple[int, torch.Tensor]], start: int, width: int) -> torch.Tensor:
+    """Per-token rows computed in other micro-batches (each `(its start, values)`), aligned to
+    columns `start .. start + width` of this one."""
+    out = torch.zeros((len(rows), width), device=rows[0][1].device)
+    for i, (row_start, row) in enumerate(rows):
+        lo = start - row_start  # >= 0: a row's start is at most its own first prompt's
+        n = max(0, min(width, row.shape[0] - lo))
+        out[i, :n] = row[lo:lo + n]
     return out
+
+
+def _first_trained(loss_mask: list[int]) -> int:
+    """Index of the first loss-masked token (the length when there is none)."""
+    return next((i for i, m in enumerate(loss_mask) if m), len(loss_mask))
 
 
 def _add(sums: dict[str, float], key: str, value: float) -> None:

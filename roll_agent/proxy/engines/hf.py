@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from transformers.cache_utils import DynamicLayer
 
 from roll_agent.config import EngineConfig, ModelConfig
-from roll_agent.modeling import load_policy, sync_parameters
+from roll_agent.modeling import load_policy, logits_to_keep_kwargs, sync_parameters
 from roll_agent.types import EngineOutput, SamplingParams
 
 
@@ -160,15 +160,14 @@ class HFEngine:
             st["cache"], st["logits"] = out.past_key_values, out.logits[:, -1].float()
         tokens, logprobs = self._sample(st["logits"], st["temps"], st["greedy"], st["top_p"])
         st["tokens"] = tokens
-        for i, item in enumerate(batch.items):
+        for item, tok, logprob in zip(batch.items, tokens.tolist(), logprobs.tolist()):
             if item.finish:
                 continue
             if item.request_id in self._aborted:
                 item.finish = "abort"
                 continue
-            tok = int(tokens[i])
             item.tokens.append(tok)
-            item.logprobs.append(float(logprobs[i]))
+            item.logprobs.append(logprob)
             if tok in item.sampling.stop_token_ids:
                 item.finish = "stop"
             elif len(item.tokens) >= item.sampling.max_new_tokens:
@@ -185,7 +184,8 @@ class HFEngine:
             mask[i, width - lengths[i]:] = 1
         ids, mask = ids.to(dev), mask.to(dev)
         pos = (mask.cumsum(-1) - 1).clamp(min=0)
-        out = self.model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True)
+        out = self.model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True,
+                         **logits_to_keep_kwargs(self.model, 1))  # only the last position samples
         batch.state.update(
             cache=out.past_key_values, logits=out.logits[:, -1].float(), mask=mask, pos=pos[:, -1:],
             temps=torch.tensor([max(b.sampling.temperature, 1e-5) for b in items], device=dev)[:, None],

@@ -1,0 +1,119 @@
+"""The local runtime's trainer in a child process (`runtime.trainer_process=true`).
+
+Why: in one process the trainer's, the engine's and the env managers' Python share one
+GIL; with a small model most of each step is Python and op dispatch, so the three take
+turns instead of running side by side. A child process gives the trainer its own
+interpreter; the controller drives it through `ProcessTrainer`, which has the trainer's
+interface (`version`, `step`, `sft_step`, `save`, `load`, `named_weights`).
+
+Weights: the child moves its synced parameters (all, or the LoRA adapters) into shared
+memory once and hands them over; the optimizer updates them in place, so a weight sync
+reads them with no copy between processes. The controller never syncs during a step
+(one call at a time), so a sync never reads weights mid-update. A child that dies
+fails the call that was waiting on it with its exit code; the child exits when its
+parent goes away (its pipe closes).
+"""
+
+from __future__ import annotations
+
+import threading
+import traceback
+from pathlib import Path
+
+import torch
+import torch.multiprocessing as mp
+
+from roll_agent.config import Config
+
+
+class TrainerProcessError(RuntimeError):
+    """The trainer raised in its process (the message carries its traceback), or the process died."""
+
+
+class ProcessTrainer:
+    def __init__(self, cfg: Config, model_path: str):
+        ctx = mp.get_context("spawn")  # never fork: the parent runs threads (engines, env pools)
+        self._conn, child = ctx.Pipe()
+        self._proc = ctx.Process(target=_serve, args=(child, cfg, model_path), name="roll_agent-trainer", daemon=True)
+        self._proc.start()
+        child.close()
+        self._lock = threading.Lock()
+        self.version, self._weights = self._call("start")
+
+    def _call(self, method: str, *args):
+        with self._lock:
+            try:
+                self._conn.send((method, args))
+                ok, value = self._conn.recv()
+            except (EOFError, OSError, BrokenPipeError):
+                self._proc.join(timeout=5)
+                raise TrainerProcessError(f"the trainer process died (exit code {self._proc.exitcode}) during "
+                                          f"'{method}'; its error, if any, is in the log above") from None
+        if not ok:
+            raise TrainerProcessError(f"the trainer failed in '{method}':\n{value}")
+        return value
+
+    def step(self, batch) -> dict:
+        metrics, self.version = self._call("step", batch)
+        return metrics
+
+    def sft_step(self, trajs, lr: float) -> dict:
+        return self._call("sft_step", trajs, lr)
+
+    def save(self, path: Path, extra: dict) -> None:
+        self._call("save", path, extra)
+
+    def load(self, path: Path) -> dict:
+        extra, self.version = self._call("load", path)
+        return extra
+
+    def named_weights(self):
+        """The child's parameters themselves (shared memory): read them only between calls."""
+        return iter(self._weights)
+
+    def close(self) -> None:
+        if self._proc.is_alive():
+            try:
+                self._call("close")
+            except TrainerProcessError:
+                pass
+        self._conn.close()
+        self._proc.join(timeout=10)
+        if self._proc.is_alive():
+            self._proc.kill()
+            self._proc.join()
+
+
+def _serve(conn, cfg: Config, model_path: str) -> None:
+    """The child: build the trainer, then answer calls until `close` or the parent is gone."""
+    from roll_agent.runtime.local import trainer_of
+
+    if cfg.runtime.torch_threads:
+        torch.set_num_threads(cfg.runtime.torch_threads)
+    trainer = None
+    while True:
+        try:
+            method, args = conn.recv()
+        except (EOFError, OSError):  # the parent exited (or was killed)
+            return
+        try:
+            if method == "start":
+                trainer = trainer_of(cfg, model_path)
+                weights = [(name, t.share_memory_()) for name, t in trainer.named_weights()]
+                result = (trainer.version, weights)
+            elif method == "step":
+                result = (trainer.step(*args), trainer.version)
+            elif method == "sft_step":
+                result = trainer.sft_step(*args)
+            elif method == "save":
+                result = trainer.save(*args)
+            elif method == "load":
+                result = (trainer.load(*args), trainer.version)
+            elif method == "close":
+                conn.send((True, None))
+                return
+            else:
+                raise ValueError(f"unknown trainer call '{method}'")
+            conn.send((True, result))
+        except Exception:  # the caller re-raises it; the process goes on serving
+            conn.send((False, traceback.format_exc()))
