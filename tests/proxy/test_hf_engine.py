@@ -127,3 +127,34 @@ def test_request_arriving_mid_decode_joins_without_waiting_for_the_running_batch
     assert short.finish_reason == "length" and len(short.token_ids) == 3
     assert still_running
     assert long.finish_reason == "abort" and len(long.token_ids) >= 3
+
+
+def test_next_turn_reuses_the_remembered_prefix_with_exact_logprobs(tiny_model_dir):
+    """Turn 2 of an episode (its turn 1 + answer + observation) computes only the new tokens,
+    a second episode reuses the shared instructions; outputs equal an engine without the cache."""
+    cached = HFEngine(tiny_model_dir, EngineConfig(), ModelConfig(), seed=0)
+    plain = HFEngine(tiny_model_dir, EngineConfig(prefix_cache_tokens=0), ModelConfig(), seed=0)
+    assert cached.prefix_cache is not None and plain.prefix_cache is None
+    instructions = list(range(30, 70))
+    greedy = SamplingParams(max_new_tokens=6, greedy=True)
+
+    async def episode(engine, obs):
+        first = await engine.generate(instructions + obs, greedy, "t1")
+        prompt2 = instructions + obs + first.token_ids + [90, 91, 92]
+        second = await engine.generate(prompt2, greedy, "t2")
+        return first, second
+
+    for obs in ([5, 6, 7], [8, 9]):  # the second episode shares only the instructions
+        want, got = run(episode(plain, obs)), run(episode(cached, obs))
+        for a, b in zip(want, got):
+            assert a.token_ids == b.token_ids
+            torch.testing.assert_close(torch.tensor(b.logprobs), torch.tensor(a.logprobs), rtol=0, atol=1e-4)
+    stats = cached.prefix_cache.stats
+    # each turn 2 reuses its history but the last answer token (never fed); episode 2's turn 1 the
+    # instructions; episode 1's turn 1 found nothing
+    assert stats["hits"] == 3 and stats["hit_tokens"] == (40 + 3 + 5) + 40 + (40 + 2 + 5)
+    assert len(cached.prefix_cache) == 2  # each episode's chain collapsed into one entry
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    run(cached.load_weights(list(model.named_parameters()), 1))
+    assert len(cached.prefix_cache) == 0  # KV of the old weights is never reused

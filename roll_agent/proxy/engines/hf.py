@@ -7,7 +7,8 @@ running KV cache (left-padded to one length), finished rows are dropped, so a re
 never waits for others' batch to end and returns as soon as it stops. (Caches other than
 plain full-attention ones, e.g. sliding-window layers, run as separate batches.) Abort is
 checked every token, so a suspend for a weight update returns partial outputs within
-one decode step.
+one decode step. A prompt that starts with tokens the engine already computed (the
+episode's earlier turns, shared instructions) reuses their KV (`prefix_cache.py`).
 """
 
 from __future__ import annotations
@@ -19,10 +20,11 @@ from typing import Iterable
 
 import torch
 import torch.nn.functional as F
-from transformers.cache_utils import DynamicLayer
+from transformers.cache_utils import DynamicCache, DynamicLayer
 
 from roll_agent.config import EngineConfig, ModelConfig
 from roll_agent.modeling import load_policy, logits_to_keep_kwargs, sync_parameters
+from roll_agent.proxy.engines.prefix_cache import KV, PrefixCache
 from roll_agent.types import EngineOutput, SamplingParams
 
 
@@ -35,6 +37,7 @@ class _Pending:
     tokens: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     finish: str = ""
+    cached: tuple[int, KV] | None = None  # a remembered prefix of the prompt: its length and KV
 
 
 @dataclass
@@ -63,6 +66,8 @@ class HFEngine:
         self._idle.set()
         self._worker: asyncio.Task | None = None
         self._lock = threading.Lock()  # weights vs decode
+        self.prefix_cache = PrefixCache(cfg.prefix_cache_tokens) \
+            if cfg.prefix_cache_tokens and _plain_cache(self.model.config) else None
 
     async def generate(self, prompt_ids: list[int], sampling: SamplingParams, request_id: str) -> EngineOutput:
         self._ensure_worker()
@@ -107,7 +112,14 @@ class HFEngine:
         room = self.cfg.max_batch_size - in_flight
         if self._queue and room > 0:
             batch, self._queue = self._queue[:room], self._queue[room:]
-            self._running.append(_Batch(batch))
+            if self.prefix_cache is not None:  # a request with a remembered prefix is prefilled on its own
+                for item in batch:
+                    n, kv = self.prefix_cache.longest(item.prompt_ids)
+                    item.cached = (n, kv) if n else None
+                self._running += [_Batch([item]) for item in batch if item.cached]
+                batch = [item for item in batch if not item.cached]
+            if batch:
+                self._running.append(_Batch(batch))
 
     async def _serve(self) -> None:
         while True:
@@ -138,6 +150,7 @@ class HFEngine:
             finished = [item for b in batches for item in b.items if item.finish]
             running: list[_Batch] = []
             for batch in batches:
+                self._remember(batch)
                 _prune(batch)
                 if not batch.items:
                     continue
@@ -175,6 +188,8 @@ class HFEngine:
 
     def _prefill(self, batch: _Batch) -> None:
         dev, items = self.device, batch.items
+        if items[0].cached:
+            return self._prefill_cached(batch)
         lengths = [len(b.prompt_ids) for b in items]
         width = max(lengths)
         ids = torch.full((len(items), width), self.pad_id, dtype=torch.long)
@@ -186,6 +201,25 @@ class HFEngine:
         pos = (mask.cumsum(-1) - 1).clamp(min=0)
         out = self.model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True,
                          **logits_to_keep_kwargs(self.model, 1))  # only the last position samples
+        self._start(batch, out, mask, pos)
+
+    def _prefill_cached(self, batch: _Batch) -> None:
+        """One request whose first `n` prompt tokens have remembered KV: compute only the rest."""
+        item, dev = batch.items[0], self.device
+        (n, kv), item.cached = item.cached, None
+        cache = DynamicCache(config=self.model.config)
+        for layer, (keys, values) in enumerate(kv):
+            cache.update(keys.to(dev), values.to(dev), layer)
+        total = len(item.prompt_ids)
+        ids = torch.tensor([item.prompt_ids[n:]], device=dev)
+        mask = torch.ones((1, total), dtype=torch.long, device=dev)
+        pos = torch.arange(n, total, device=dev)[None]
+        out = self.model(input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=cache,
+                         use_cache=True, **logits_to_keep_kwargs(self.model, 1))
+        self._start(batch, out, mask, pos)
+
+    def _start(self, batch: _Batch, out, mask: torch.Tensor, pos: torch.Tensor) -> None:
+        dev, items = self.device, batch.items
         batch.state.update(
             cache=out.past_key_values, logits=out.logits[:, -1].float(), mask=mask, pos=pos[:, -1:],
             temps=torch.tensor([max(b.sampling.temperature, 1e-5) for b in items], device=dev)[:, None],
@@ -204,8 +238,23 @@ class HFEngine:
         tokens = torch.where(greedy, logits.argmax(-1), sampled)
         return tokens, scaled.gather(-1, tokens[:, None]).squeeze(-1)
 
+    def _remember(self, batch: _Batch) -> None:
+        """Keep the KV of requests that just finished (prompt + answer; the last sampled token was
+        never fed) for a later prompt that starts with them."""
+        if self.prefix_cache is None:
+            return
+        layers = batch.state["cache"].layers
+        for i, item in enumerate(batch.items):
+            if item.finish in ("stop", "length"):
+                tokens = item.prompt_ids + item.tokens[:-1]
+                n = len(tokens)  # a row's KV is its last n positions (left padding before them)
+                self.prefix_cache.insert(tokens, [(layer.keys[i:i + 1, :, -n:].clone(),
+                                                   layer.values[i:i + 1, :, -n:].clone()) for layer in layers])
+
     async def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
         await self.wait_idle()
+        if self.prefix_cache is not None:
+            self.prefix_cache.clear()  # KV of the old weights must not mix into new samples
         with self._lock, torch.no_grad():
             for name, tensor in named_tensors:
                 param = self._params.get(name)
@@ -250,6 +299,11 @@ def _prune(batch: _Batch) -> None:
         st["mask"] = st["mask"][:, lead:]
         for layer in layers:
             layer.keys, layer.values = layer.keys[:, :, lead:], layer.values[:, :, lead:]
+
+
+def _plain_cache(config) -> bool:
+    """Whether the model's KV cache is plain full attention (remembered rows can be reused)."""
+    return all(type(layer) is DynamicLayer for layer in DynamicCache(config=config).layers)
 
 
 def _mergeable(a: _Batch, b: _Batch) -> bool:
