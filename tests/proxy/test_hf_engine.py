@@ -130,30 +130,37 @@ def test_request_arriving_mid_decode_joins_without_waiting_for_the_running_batch
 
 
 def test_next_turn_reuses_the_remembered_prefix_with_exact_logprobs(tiny_model_dir):
-    """Turn 2 of an episode (its turn 1 + answer + observation) computes only the new tokens,
-    a second episode reuses the shared instructions; outputs equal an engine without the cache."""
+    """Turn 2 of an episode (its turn 1 + answer + observation) computes only the new tokens, a
+    second episode reuses the shared instructions, and requests with different remembered
+    prefixes (or none) share one prefill: outputs equal an engine without the cache."""
     cached = HFEngine(tiny_model_dir, EngineConfig(), ModelConfig(), seed=0)
     plain = HFEngine(tiny_model_dir, EngineConfig(prefix_cache_tokens=0), ModelConfig(), seed=0)
     assert cached.prefix_cache is not None and plain.prefix_cache is None
     instructions = list(range(30, 70))
     greedy = SamplingParams(max_new_tokens=6, greedy=True)
 
-    async def episode(engine, obs):
-        first = await engine.generate(instructions + obs, greedy, "t1")
-        prompt2 = instructions + obs + first.token_ids + [90, 91, 92]
-        second = await engine.generate(prompt2, greedy, "t2")
-        return first, second
+    async def episodes(engine):
+        outs = []
+        for obs in ([5, 6, 7], [8, 9]):  # the second episode shares only the instructions
+            first = await engine.generate(instructions + obs, greedy, "t1")
+            second = await engine.generate(instructions + obs + first.token_ids + [90, 91, 92], greedy, "t2")
+            outs += [first, second]
+        # one prefill for: a third turn (long prefix), a new episode (instructions), an unrelated prompt
+        turn3 = instructions + [5, 6, 7] + outs[0].token_ids + [90, 91, 92] + outs[1].token_ids + [93]
+        outs += await asyncio.gather(engine.generate(turn3, greedy, "a"),
+                                     engine.generate(instructions + [10, 11, 12, 13], greedy, "b"),
+                                     engine.generate([7, 8, 9], greedy, "c"))
+        return outs
 
-    for obs in ([5, 6, 7], [8, 9]):  # the second episode shares only the instructions
-        want, got = run(episode(plain, obs)), run(episode(cached, obs))
-        for a, b in zip(want, got):
-            assert a.token_ids == b.token_ids
-            torch.testing.assert_close(torch.tensor(b.logprobs), torch.tensor(a.logprobs), rtol=0, atol=1e-4)
+    want, got = run(episodes(plain)), run(episodes(cached))
+    for a, b in zip(want, got):
+        assert a.token_ids == b.token_ids
+        torch.testing.assert_close(torch.tensor(b.logprobs), torch.tensor(a.logprobs), rtol=0, atol=1e-4)
     stats = cached.prefix_cache.stats
-    # each turn 2 reuses its history but the last answer token (never fed); episode 2's turn 1 the
-    # instructions; episode 1's turn 1 found nothing
-    assert stats["hits"] == 3 and stats["hit_tokens"] == (40 + 3 + 5) + 40 + (40 + 2 + 5)
-    assert len(cached.prefix_cache) == 2  # each episode's chain collapsed into one entry
+    # each later turn reuses its history but the last answer token (never fed); a new episode the
+    # instructions; the first request and the unrelated prompt find nothing
+    assert stats["lookups"] == 7 and stats["hits"] == 5
+    assert stats["hit_tokens"] == (43 + 5) + 40 + (42 + 5) + (43 + 6 + 3 + 5) + 40
 
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
     run(cached.load_weights(list(model.named_parameters()), 1))

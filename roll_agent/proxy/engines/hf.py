@@ -112,14 +112,11 @@ class HFEngine:
         room = self.cfg.max_batch_size - in_flight
         if self._queue and room > 0:
             batch, self._queue = self._queue[:room], self._queue[room:]
-            if self.prefix_cache is not None:  # a request with a remembered prefix is prefilled on its own
+            if self.prefix_cache is not None:
                 for item in batch:
                     n, kv = self.prefix_cache.longest(item.prompt_ids)
                     item.cached = (n, kv) if n else None
-                self._running += [_Batch([item]) for item in batch if item.cached]
-                batch = [item for item in batch if not item.cached]
-            if batch:
-                self._running.append(_Batch(batch))
+            self._running.append(_Batch(batch))
 
     async def _serve(self) -> None:
         while True:
@@ -187,44 +184,47 @@ class HFEngine:
                 item.finish = "length"
 
     def _prefill(self, batch: _Batch) -> None:
+        """One forward over the new requests' prompts, batched: row i's remembered prefix (n_i
+        tokens of KV, possibly none) is left-padded to the longest one, its remaining tokens
+        (s_i) to the longest rest; the attention mask hides both pads, positions are per row."""
         dev, items = self.device, batch.items
-        if items[0].cached:
-            return self._prefill_cached(batch)
-        lengths = [len(b.prompt_ids) for b in items]
-        width = max(lengths)
+        cached = [item.cached or (0, []) for item in items]
+        for item in items:
+            item.cached = None
+        known = max(n for n, _ in cached)
+        rests = [item.prompt_ids[n:] for item, (n, _) in zip(items, cached)]
+        width = max(len(r) for r in rests)
         ids = torch.full((len(items), width), self.pad_id, dtype=torch.long)
-        mask = torch.zeros((len(items), width), dtype=torch.long)
-        for i, item in enumerate(items):
-            ids[i, width - lengths[i]:] = torch.tensor(item.prompt_ids)
-            mask[i, width - lengths[i]:] = 1
-        ids, mask = ids.to(dev), mask.to(dev)
-        pos = (mask.cumsum(-1) - 1).clamp(min=0)
+        mask = torch.zeros((len(items), known + width), dtype=torch.long)
+        pos = torch.zeros((len(items), width), dtype=torch.long)
+        for i, ((n, _), rest) in enumerate(zip(cached, rests)):
+            ids[i, width - len(rest):] = torch.tensor(rest)
+            mask[i, known - n:known] = 1
+            mask[i, known + width - len(rest):] = 1
+            pos[i, width - len(rest):] = torch.arange(n, n + len(rest))
+        ids, mask, pos = ids.to(dev), mask.to(dev), pos.to(dev)
+        kwargs = {"past_key_values": self._stacked_prefixes(cached, known)} if known else {}
         out = self.model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True,
-                         **logits_to_keep_kwargs(self.model, 1))  # only the last position samples
-        self._start(batch, out, mask, pos)
-
-    def _prefill_cached(self, batch: _Batch) -> None:
-        """One request whose first `n` prompt tokens have remembered KV: compute only the rest."""
-        item, dev = batch.items[0], self.device
-        (n, kv), item.cached = item.cached, None
-        cache = DynamicCache(config=self.model.config)
-        for layer, (keys, values) in enumerate(kv):
-            cache.update(keys.to(dev), values.to(dev), layer)
-        total = len(item.prompt_ids)
-        ids = torch.tensor([item.prompt_ids[n:]], device=dev)
-        mask = torch.ones((1, total), dtype=torch.long, device=dev)
-        pos = torch.arange(n, total, device=dev)[None]
-        out = self.model(input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=cache,
-                         use_cache=True, **logits_to_keep_kwargs(self.model, 1))
-        self._start(batch, out, mask, pos)
-
-    def _start(self, batch: _Batch, out, mask: torch.Tensor, pos: torch.Tensor) -> None:
-        dev, items = self.device, batch.items
+                         **kwargs, **logits_to_keep_kwargs(self.model, 1))  # only the last position samples
         batch.state.update(
             cache=out.past_key_values, logits=out.logits[:, -1].float(), mask=mask, pos=pos[:, -1:],
             temps=torch.tensor([max(b.sampling.temperature, 1e-5) for b in items], device=dev)[:, None],
             greedy=torch.tensor([b.sampling.greedy for b in items], device=dev),
             top_p=torch.tensor([b.sampling.top_p for b in items], device=dev)[:, None])
+
+    def _stacked_prefixes(self, cached: list[tuple[int, KV]], known: int) -> DynamicCache:
+        """The rows' remembered KV, each left-padded (zeros, masked) to `known` positions."""
+        some = next(kv for n, kv in cached if n)
+        cache = DynamicCache(config=self.model.config)
+        for layer, (k0, v0) in enumerate(some):
+            keys = k0.new_zeros((len(cached), k0.shape[1], known, k0.shape[3]))
+            values = v0.new_zeros((len(cached), v0.shape[1], known, v0.shape[3]))
+            for i, (n, kv) in enumerate(cached):
+                if n:
+                    keys[i, :, known - n:] = kv[layer][0][0]
+                    values[i, :, known - n:] = kv[layer][1][0]
+            cache.update(keys.to(self.device), values.to(self.device), layer)
+        return cache
 
     def _sample(self, logits, temps, greedy, top_p):
         scaled = torch.log_softmax(logits / temps, dim=-1)
@@ -243,13 +243,15 @@ class HFEngine:
         never fed) for a later prompt that starts with them."""
         if self.prefix_cache is None:
             return
-        layers = batch.state["cache"].layers
+        st = batch.state
         for i, item in enumerate(batch.items):
             if item.finish in ("stop", "length"):
                 tokens = item.prompt_ids + item.tokens[:-1]
-                n = len(tokens)  # a row's KV is its last n positions (left padding before them)
-                self.prefix_cache.insert(tokens, [(layer.keys[i:i + 1, :, -n:].clone(),
-                                                   layer.values[i:i + 1, :, -n:].clone()) for layer in layers])
+                where = st["mask"][i].nonzero().squeeze(-1)  # the row's tokens, in order, between pads
+                if len(where) != len(tokens):
+                    continue
+                self.prefix_cache.insert(tokens, [(layer.keys[i:i + 1, :, where], layer.values[i:i + 1, :, where])
+                                                  for layer in st["cache"].layers])
 
     async def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
         await self.wait_idle()
