@@ -16,6 +16,7 @@ parent goes away (its pipe closes).
 
 from __future__ import annotations
 
+import signal
 import threading
 import traceback
 from pathlib import Path
@@ -88,6 +89,7 @@ def _serve(conn, cfg: Config, model_path: str) -> None:
     """The child: build the trainer, then answer calls until `close` or the parent is gone."""
     from roll_agent.runtime.local import trainer_of
 
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C stops the parent, which closes this process
     if cfg.runtime.torch_threads:
         torch.set_num_threads(cfg.runtime.torch_threads)
     trainer = None
