@@ -188,8 +188,9 @@ def ours_phases(log_dir: Path) -> dict[str, dict[str, float]]:
     out = {}
     for log in log_dir.glob("*/run_instance.log"):
         phases = {"checkout": 0.0, "apply": 0.0, "tests": 0.0}
-        for name, secs in re.findall(r"^\$ ([^:]+):.*?\[exit -?\d+[^\]]*?, ([\d.]+)s\]", log.read_text(errors="replace"),
-                                     re.M | re.S):
+        steps = re.findall(r"^\$ ([^:]+):.*?\[exit -?\d+[^\]]*?, ([\d.]+)s\]", log.read_text(errors="replace"),
+                           re.M | re.S)
+        for name, secs in steps:
             key = "checkout" if name.startswith("checkout") else "apply" if "patch" in name else "tests"
             phases[key] += float(secs)
         phases["total"] = sum(phases.values())
@@ -319,7 +320,8 @@ def main(argv=None) -> int:
              else "ratio_bwrap=skipped ")
     print(f"RESULT same_verdicts={same}/{len(patches)} ratio={med['swebench'] / med['docker']:.2f} "
           f"swebench_s={med['swebench']:.1f} ours_docker_s={med['docker']:.1f} {bwrap}workers={args.workers} "
-          f"n={len(instances)} swebench_tests_s={tests_s['sb']:.1f} ours_tests_s={tests_s['ours']:.1f} source={'fixture' if 'fixture' in source else 'task_set'} "
+          f"n={len(instances)} swebench_tests_s={tests_s['sb']:.1f} ours_tests_s={tests_s['ours']:.1f} "
+          f"source={'fixture' if 'fixture' in source else 'task_set'} "
           + " ".join(f"{k}={n}" for k, n in counts.items()))
     return 0
 

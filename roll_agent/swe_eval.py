@@ -12,8 +12,9 @@ test_output.txt, report.json). A malformed dataset line is an error instance; th
 others are still evaluated.
 
 Speed: pytest stops at the first FAIL_TO_PASS/PASS_TO_PASS test that fails (that test
-decides "unresolved"; --no-fail-fast runs everything); sandboxes are started ahead of the workers and closed behind them (container
-start and removal, ~0.3 s each, overlap test runs); commands reach a docker sandbox
+decides "unresolved"; --no-fail-fast runs everything); sandboxes are started ahead of
+the workers and closed behind them (container start and removal, ~0.3 s each, overlap
+test runs); commands reach a docker sandbox
 through its command server (a fork, ~5 ms) instead of one `docker exec` each; and the
 patches travel inside the first command instead of as file uploads.
 """

@@ -15,8 +15,8 @@ Steps, each one exec in the sandbox (its command and output go to `r.log`):
      not partial credit) pytest stops at the first FAIL_TO_PASS/PASS_TO_PASS test that
      fails (stop_plugin.py): that test already makes the verdict "unresolved", and
      tests run in the same order as in a full run, so the verdict is the same, at a
-     fraction of the cost for most wrong patches (`r.stopped_at` names the test; the
-     tests it did not reach count as not passed, as for any test missing from a log).
+     fraction of the cost for most wrong patches (`r.stopped_at` names the test,
+     `r.not_run` lists the verdict tests it did not reach: not in the failure lists).
 Verdict: resolved iff every FAIL_TO_PASS and every PASS_TO_PASS test passes (a test
 missing from the log has not passed). Reward 1/0, or with partial_credit the fraction
 of those tests that pass. Errors (malformed instance, patch does not apply, sandbox
@@ -76,6 +76,7 @@ class GradeResult:
     reason: str = ""  # why, for "error" (and "empty_patch")
     apply_method: str = ""  # which fallback applied the model patch
     stopped_at: str = ""  # fail_fast: the failing FAIL_TO_PASS/PASS_TO_PASS test the run stopped at
+    not_run: list[str] = dataclasses.field(default_factory=list)  # verdict tests after stopped_at
     tests: dict[str, str] = dataclasses.field(default_factory=dict)  # every test the log names -> status
     fail_to_pass: dict[str, list[str]] = dataclasses.field(default_factory=lambda: {"success": [], "failure": []})
     pass_to_pass: dict[str, list[str]] = dataclasses.field(default_factory=lambda: {"success": [], "failure": []})
@@ -189,6 +190,10 @@ class _Run:
         self.result.tests = get_parser(inst.log_parser)(r.output)
         (self.result.status, self.result.reward, self.result.fail_to_pass,
          self.result.pass_to_pass) = verdict(inst, self.result.tests, partial_credit)
+        if self.result.stopped_at:  # the failure lists say what failed, not what never ran
+            for split in (self.result.fail_to_pass, self.result.pass_to_pass):
+                self.result.not_run += [t for t in split["failure"] if t not in self.result.tests]
+                split["failure"] = [t for t in split["failure"] if t in self.result.tests]
         return self.result
 
     def run_tests(self, timeout: float, fail_fast: bool):

@@ -198,7 +198,9 @@ def test_model_cannot_rewrite_the_tests_that_judge_it(graded_bwrap):
     cheat = ("--- /dev/null\n+++ b/tests/test_mul.py\n@@ -0,0 +1,6 @@\n+def test_mul():\n+    pass\n+\n+\n"
              "+def test_mul_zero():\n+    pass\n")
     r = graded(cheat)
-    assert r.status == UNRESOLVED and r.fail_to_pass["failure"] == graded.instance.FAIL_TO_PASS
+    assert r.status == UNRESOLVED and r.stopped_at == "tests/test_mul.py::test_mul"
+    assert r.fail_to_pass["failure"] == ["tests/test_mul.py::test_mul"]
+    assert r.not_run == ["tests/test_mul.py::test_mul_zero"]
 
 
 def test_malformed_instances_are_errors(graded_bwrap):
@@ -234,6 +236,9 @@ def test_fail_fast_stops_at_the_first_failing_verdict_test_with_the_same_verdict
     assert fast.status == full.status == UNRESOLVED
     # test_calc.py runs first: its failing test_add ends the run before tests/test_mul.py
     assert fast.stopped_at == "tests/test_calc.py::test_add" and "tests/test_mul.py::test_mul" not in fast.tests
+    assert fast.pass_to_pass["failure"] == full.pass_to_pass["failure"] == ["tests/test_calc.py::test_add"]
+    assert fast.not_run == ["tests/test_mul.py::test_mul", "tests/test_mul.py::test_mul_zero",
+                            "tests/test_calc.py::test_clamp"]
     assert full.stopped_at == "" and full.tests["tests/test_mul.py::test_mul"] == "PASSED"
     assert fast.tests["tests/test_calc.py::test_add"] == full.tests["tests/test_calc.py::test_add"] == "FAILED"
 
