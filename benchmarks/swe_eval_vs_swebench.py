@@ -21,14 +21,18 @@ Verdicts must agree across all runs.
 Create the swebench venv once (never in the project venv):
   python3 -m venv /work/venv-swebench && /work/venv-swebench/bin/pip install swebench==5.0.2
 
+Per-phase means (last round, docker) are printed for both; *_tests_s in the RESULT line
+sum the instances' test-run seconds (wall, under the run's own contention).
 Last line: RESULT same_verdicts=<k>/<n> ratio=<swebench s / ours docker s> ratio_bwrap=... ...
 """
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import datetime
 import json
 import os
+import re
 import shlex
 import subprocess
 import sys
@@ -152,6 +156,56 @@ def run_swebench(work: Path, dataset: Path, preds: Path, workers: int, tag: str)
     return wall, json.loads(reports[0].read_text())
 
 
+def swebench_phases(log_dir: Path) -> dict[str, dict[str, float]]:
+    """Seconds per phase of each instance, from the timestamps of swebench's run_instance.log."""
+    out = {}
+    for log in log_dir.glob("*/run_instance.log"):
+        text = log.read_text(errors="replace")
+        stamps = [(datetime.datetime.strptime(m.group(1), "%Y-%m-%d %H:%M:%S,%f").timestamp(), m.group(2))
+                  for m in re.finditer(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+) - \w+ - (.*)$", text, re.M)]
+        if not stamps:
+            continue
+
+        def at(prefix: str, last: bool = False) -> float | None:
+            hits = [t for t, msg in stamps if msg.startswith(prefix)]
+            return (hits[-1] if last else hits[0]) if hits else None
+
+        started, stop = at("Container for", last=True), at("Attempting to stop")
+        applied = at(">>>>> Applied Patch") or at(">>>>> Patch Apply Failed")
+        tests = re.search(r"Test runtime: ([\d_.]+) seconds", text)
+        phases = {"start": (started or stamps[0][0]) - stamps[0][0],
+                  "apply": (applied - started) if applied and started else 0.0,
+                  "tests": float(tests.group(1).replace("_", "")) if tests else 0.0,
+                  "stop+remove": (stamps[-1][0] - stop) if stop else 0.0,
+                  "total": stamps[-1][0] - stamps[0][0]}
+        out[log.parent.name] = phases
+    return out
+
+
+def ours_phases(log_dir: Path) -> dict[str, dict[str, float]]:
+    """Seconds per grading step of each instance, from our run_instance.log (sandbox start and
+    removal happen off the worker's path, ahead of and behind it)."""
+    out = {}
+    for log in log_dir.glob("*/run_instance.log"):
+        phases = {"checkout": 0.0, "apply": 0.0, "tests": 0.0}
+        steps = re.findall(r"^\$ ([^:]+):.*?\[exit -?\d+[^\]]*?, ([\d.]+)s\]", log.read_text(errors="replace"),
+                           re.M | re.S)
+        for name, secs in steps:
+            key = "checkout" if name.startswith("checkout") else "apply" if "patch" in name else "tests"
+            phases[key] += float(secs)
+        phases["total"] = sum(phases.values())
+        out[log.parent.name] = phases
+    return out
+
+
+def phase_line(name: str, phases: dict[str, dict[str, float]]) -> str:
+    """Mean seconds per instance that ran (empty patches run nothing in either harness)."""
+    ran = [p for p in phases.values() if p["total"] > 0]
+    keys = list(ran[0]) if ran else []
+    return f"{name:<9} per instance ({len(ran)} run): " + " ".join(
+        f"{k}={sum(p[k] for p in ran) / len(ran):.2f}s" for k in keys)
+
+
 def run_ours(work: Path, dataset: Path, preds: Path, workers: int, tag: str, backend: str) -> tuple[float, dict]:
     out = work / f"ours-{backend}-{tag}"
     cmd = [sys.executable, "-m", "roll_agent.swe_eval", "--dataset", str(dataset), "--predictions", str(preds),
@@ -255,13 +309,19 @@ def main(argv=None) -> int:
         agree = row[0] != "-" and len(set(row)) == 1
         same += agree
         print(f"{iid:<32} " + " ".join(f"{x:<12}" for x in row) + ("" if agree else "  <-- differs"))
+    sb_phases = swebench_phases(work / "logs" / "run_evaluation" / f"roll-agent-bench-{args.rounds - 1}" / "bench")
+    our_phases = ours_phases(work / f"ours-docker-{args.rounds - 1}" / "logs")
+    print(phase_line("swebench", sb_phases))
+    print(phase_line("ours", our_phases))
+    tests_s = {k: sum(p["tests"] for p in ph.values()) for k, ph in (("sb", sb_phases), ("ours", our_phases))}
     med = {k: sorted(t)[len(t) // 2] for k, t in times.items() if t}
     counts = {k: sum(x == k for x in v["docker"].values()) for k in VERDICT_KEYS}
     bwrap = (f"ratio_bwrap={med['swebench'] / med['bwrap']:.2f} bwrap_s={med['bwrap']:.1f} " if "bwrap" in med
              else "ratio_bwrap=skipped ")
     print(f"RESULT same_verdicts={same}/{len(patches)} ratio={med['swebench'] / med['docker']:.2f} "
           f"swebench_s={med['swebench']:.1f} ours_docker_s={med['docker']:.1f} {bwrap}workers={args.workers} "
-          f"n={len(instances)} source={'fixture' if 'fixture' in source else 'task_set'} "
+          f"n={len(instances)} swebench_tests_s={tests_s['sb']:.1f} ours_tests_s={tests_s['ours']:.1f} "
+          f"source={'fixture' if 'fixture' in source else 'task_set'} "
           + " ".join(f"{k}={n}" for k, n in counts.items()))
     return 0
 

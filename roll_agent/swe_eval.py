@@ -11,8 +11,10 @@ reason) and DIR/logs/<instance_id>/ (patch.diff, run_instance.log: every grading
 test_output.txt, report.json). A malformed dataset line is an error instance; the
 others are still evaluated.
 
-Speed: sandboxes are started ahead of the workers and closed behind them (container
-start and removal, ~0.3 s each, overlap test runs); commands reach a docker sandbox
+Speed: pytest stops at the first FAIL_TO_PASS/PASS_TO_PASS test that fails (that test
+decides "unresolved"; --no-fail-fast runs everything); sandboxes are started ahead of
+the workers and closed behind them (container start and removal, ~0.3 s each, overlap
+test runs); commands reach a docker sandbox
 through its command server (a fork, ~5 ms) instead of one `docker exec` each; and the
 patches travel inside the first command instead of as file uploads.
 """
@@ -39,7 +41,8 @@ SCHEMA_VERSION = 2
 
 def evaluate(instances: list[SWEInstance], predictions: dict[str, dict], sandbox: str = "docker", workers: int = 1,
              timeout: float = 1800.0, partial_credit: bool = False, sandbox_options: dict | None = None,
-             on_result: Callable[[GradeResult], None] | None = None) -> dict[str, GradeResult]:
+             on_result: Callable[[GradeResult], None] | None = None,
+             fail_fast: bool = True) -> dict[str, GradeResult]:
     """Grade every instance that has a prediction, `workers` at a time; {instance_id: result}."""
     todo = [i for i in instances if i.instance_id in predictions]
     patches = {i.instance_id: predictions[i.instance_id]["model_patch"] for i in todo}
@@ -63,7 +66,7 @@ def evaluate(instances: list[SWEInstance], predictions: dict[str, dict], sandbox
         sb = started.result() if started else None
         try:
             result = grade(inst, patches[inst.instance_id], sandbox=sb or sandbox, timeout=timeout,
-                           partial_credit=partial_credit, sandbox_options=sandbox_options)
+                           partial_credit=partial_credit, sandbox_options=sandbox_options, fail_fast=fail_fast)
         finally:
             if sb is not None:  # removing a container takes ~0.3 s: not on the worker's path
                 closer.submit(close, sb)
@@ -107,7 +110,8 @@ def make_report(dataset_ids: list[str], predictions: dict[str, dict], results: d
     report["unknown_prediction_ids"] = sorted(set(predictions) - set(dataset_ids) - set(bad))
     report["instances"] = {**{m.instance_id: {"status": ERROR, "reason": m.reason} for m in malformed},
                            **{iid: {"status": r.status, "reason": r.reason, "reward": r.reward,
-                                    "apply_method": r.apply_method, "duration_s": round(r.duration_s, 3)}
+                                    "apply_method": r.apply_method, "stopped_at": r.stopped_at,
+                                    "duration_s": round(r.duration_s, 3)}
                               for iid, r in results.items()}}
     report["schema_version"] = SCHEMA_VERSION
     return report
@@ -153,7 +157,7 @@ def run_eval(args: argparse.Namespace) -> dict[str, Any]:
             bar.set_postfix(counts, refresh=False)
 
     results = evaluate(instances, predictions, args.sandbox, args.workers, args.timeout, args.partial_credit,
-                       sandbox_options, on_result=done)
+                       sandbox_options, on_result=done, fail_fast=not args.no_fail_fast)
     bar.close()
     report = make_report([i.instance_id for i in instances], predictions, results, malformed)
     report.update(dataset=str(args.dataset), predictions=args.predictions or f"policy:{args.policy}",
@@ -217,6 +221,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--instance-ids", nargs="+", help="evaluate only these")
     ap.add_argument("--timeout", type=float, default=1800.0, help="seconds for one instance's test run")
     ap.add_argument("--partial-credit", action="store_true", help="reward = fraction of F2P+P2P tests passing")
+    ap.add_argument("--no-fail-fast", action="store_true",
+                    help="run every test even after a FAIL_TO_PASS/PASS_TO_PASS test failed (the verdict is the "
+                         "same; the logs then show every test's status)")
     ap.add_argument("--format", default="auto", choices=("auto", "swe-bench", "swe-gym", "swe-smith"))
     args = ap.parse_args(argv)
     if args.workers < 1:

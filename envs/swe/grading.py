@@ -11,7 +11,12 @@ Steps, each one exec in the sandbox (its command and output go to `r.log`):
   3. restore the files test_patch touches to base_commit (a model may not edit the
      tests that judge it), apply test_patch;
   4. run test_cmd (default: pytest -rA on the files the test ids name), parse its log
-     with the instance's log_parser.
+     with the instance's log_parser. With fail_fast (the default, pytest instances,
+     not partial credit) pytest stops at the first FAIL_TO_PASS/PASS_TO_PASS test that
+     fails (stop_plugin.py): that test already makes the verdict "unresolved", and
+     tests run in the same order as in a full run, so the verdict is the same, at a
+     fraction of the cost for most wrong patches (`r.stopped_at` names the test,
+     `r.not_run` lists the verdict tests it did not reach: not in the failure lists).
 Verdict: resolved iff every FAIL_TO_PASS and every PASS_TO_PASS test passes (a test
 missing from the log has not passed). Reward 1/0, or with partial_credit the fraction
 of those tests that pass. Errors (malformed instance, patch does not apply, sandbox
@@ -24,12 +29,14 @@ import dataclasses
 import re
 import shlex
 import time
+from pathlib import Path
 from typing import Any
 
 from sandboxes import Sandbox, SandboxError
 
 from .instance import InstanceError, SWEInstance
 from .log_parsers import PASSING, get_parser
+from .stop_plugin import LOADED, STOPPED
 from .sources import prepare_sandbox
 
 RESOLVED, UNRESOLVED, ERROR, EMPTY_PATCH = "resolved", "unresolved", "error", "empty_patch"
@@ -38,6 +45,13 @@ STEP_TIMEOUT = 120.0  # seconds for each git/patch step (the test run gets `time
 INLINE_MAX = 96 * 1024  # bytes; one environment string may hold 128 KiB (MAX_ARG_STRLEN)
 MODEL_PATCH = "/tmp/roll_agent_model.patch"
 TEST_PATCH = "/tmp/roll_agent_test.patch"
+STOP_DIR = "/tmp/roll_agent_pytest"  # the stop plugin (module roll_agent_stop) and the verdict test ids
+STOP_PLUGIN_SOURCE = (Path(__file__).parent / "stop_plugin.py").read_text()
+# PYTEST_ADDOPTS reaches every pytest the test command starts, whatever its shape; the
+# plugin takes these entries out again (stop_plugin._unwrap) before any test runs
+STOP_ENV = (f'export ROLL_AGENT_STOP_IDS={STOP_DIR}/ids.txt '
+            f'PYTEST_ADDOPTS="-p roll_agent_stop${{PYTEST_ADDOPTS:+ $PYTEST_ADDOPTS}}" '
+            f'PYTHONPATH="{STOP_DIR}${{PYTHONPATH:+:$PYTHONPATH}}"; ')
 
 # (name, command) tried in order; a failed --3way that left conflicts is undone before the next
 APPLY_METHODS = (
@@ -61,6 +75,8 @@ class GradeResult:
     reward: float = 0.0
     reason: str = ""  # why, for "error" (and "empty_patch")
     apply_method: str = ""  # which fallback applied the model patch
+    stopped_at: str = ""  # fail_fast: the failing FAIL_TO_PASS/PASS_TO_PASS test the run stopped at
+    not_run: list[str] = dataclasses.field(default_factory=list)  # verdict tests after stopped_at
     tests: dict[str, str] = dataclasses.field(default_factory=dict)  # every test the log names -> status
     fail_to_pass: dict[str, list[str]] = dataclasses.field(default_factory=lambda: {"success": [], "failure": []})
     pass_to_pass: dict[str, list[str]] = dataclasses.field(default_factory=lambda: {"success": [], "failure": []})
@@ -134,11 +150,16 @@ class _Run:
         self.result.status, self.result.reason = ERROR, reason
         return self.result
 
-    def run(self, model_patch: str, timeout: float, partial_credit: bool) -> GradeResult:
+    def run(self, model_patch: str, timeout: float, partial_credit: bool, fail_fast: bool) -> GradeResult:
         inst = self.inst
         env, writes = {"BASE_COMMIT": inst.base_commit or "HEAD"}, []
         files = {MODEL_PATCH: model_patch if model_patch.endswith("\n") else model_patch + "\n",
                  TEST_PATCH: inst.test_patch}
+        fail_fast = fail_fast and not partial_credit and inst.log_parser == "pytest"
+        if fail_fast:
+            writes.append(f"mkdir -p {STOP_DIR}")
+            files.update({f"{STOP_DIR}/roll_agent_stop.py": STOP_PLUGIN_SOURCE,
+                          f"{STOP_DIR}/ids.txt": "".join(t + "\n" for t in inst.tests)})
         for k, (path, text) in enumerate(files.items()):
             # small files travel in the first command's environment: a separate upload
             # (docker put_archive) costs more than the whole command on a busy machine
@@ -162,19 +183,37 @@ class _Run:
             r = self.step("apply test_patch", f"{restore}; git apply --verbose {TEST_PATCH}")
             if not r.ok:
                 return self.fail("malformed instance: test_patch does not apply after the model patch")
-        r = self.step("run tests", inst.test_cmd or default_test_cmd(inst), timeout=timeout)
+        r = self.run_tests(timeout, fail_fast)
         self.result.test_output = r.output
         if r.timed_out:
             return self.fail(f"timeout: the tests ran past {timeout:g}s")
         self.result.tests = get_parser(inst.log_parser)(r.output)
         (self.result.status, self.result.reward, self.result.fail_to_pass,
          self.result.pass_to_pass) = verdict(inst, self.result.tests, partial_credit)
+        if self.result.stopped_at:  # the failure lists say what failed, not what never ran
+            for split in (self.result.fail_to_pass, self.result.pass_to_pass):
+                self.result.not_run += [t for t in split["failure"] if t not in self.result.tests]
+                split["failure"] = [t for t in split["failure"] if t in self.result.tests]
         return self.result
+
+    def run_tests(self, timeout: float, fail_fast: bool):
+        cmd = self.inst.test_cmd or default_test_cmd(self.inst)
+        if not fail_fast:
+            return self.step("run tests", cmd, timeout=timeout)
+        r = self.step("run tests (stop at the first failing FAIL_TO_PASS/PASS_TO_PASS test)", STOP_ENV + cmd,
+                      timeout=timeout)
+        if r.timed_out or LOADED in r.output:
+            stop = re.search(f"^{re.escape(STOPPED)}(.+)$", r.output, re.M)
+            self.result.stopped_at = stop.group(1).strip() if stop else ""
+            return r
+        # no pytest session took the plugin (the command ran no pytest, or pytest could not
+        # load it): what that run printed is not known to match a plain run, so run it plain
+        return self.step("run tests (again, without the stop plugin: it did not load)", cmd, timeout=timeout)
 
 
 def grade(instance: SWEInstance, model_patch: str | None, sandbox: str | Sandbox = "docker",
           timeout: float = 1800.0, partial_credit: bool = False,
-          sandbox_options: dict[str, Any] | None = None) -> GradeResult:
+          sandbox_options: dict[str, Any] | None = None, fail_fast: bool = True) -> GradeResult:
     """Grade `model_patch` on `instance`; never raises for a bad patch, instance or sandbox.
 
     sandbox: a backend name ("docker" or "bwrap"; a fresh sandbox is made and closed),
@@ -182,6 +221,7 @@ def grade(instance: SWEInstance, model_patch: str | None, sandbox: str | Sandbox
     used; the caller closes that one (so it can start sandboxes ahead of time, and
     close them off its critical path).
     sandbox_options: extra backend options (memory_mb, cpus, pool_size, ...).
+    fail_fast: stop pytest at the first failing verdict test (same verdict; see step 4).
     """
     t0 = time.monotonic()
     result = GradeResult(instance.instance_id, ERROR)
@@ -202,7 +242,7 @@ def grade(instance: SWEInstance, model_patch: str | None, sandbox: str | Sandbox
         return result
     run = _Run(sb, instance, result)
     try:
-        run.run(model_patch, timeout, partial_credit)
+        run.run(model_patch, timeout, partial_credit, fail_fast)
     except SandboxError as e:
         result.status, result.reason = ERROR, f"sandbox died: {e}"
     finally:

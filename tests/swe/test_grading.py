@@ -198,7 +198,9 @@ def test_model_cannot_rewrite_the_tests_that_judge_it(graded_bwrap):
     cheat = ("--- /dev/null\n+++ b/tests/test_mul.py\n@@ -0,0 +1,6 @@\n+def test_mul():\n+    pass\n+\n+\n"
              "+def test_mul_zero():\n+    pass\n")
     r = graded(cheat)
-    assert r.status == UNRESOLVED and r.fail_to_pass["failure"] == graded.instance.FAIL_TO_PASS
+    assert r.status == UNRESOLVED and r.stopped_at == "tests/test_mul.py::test_mul"
+    assert r.fail_to_pass["failure"] == ["tests/test_mul.py::test_mul"]
+    assert r.not_run == ["tests/test_mul.py::test_mul_zero"]
 
 
 def test_malformed_instances_are_errors(graded_bwrap):
@@ -225,3 +227,44 @@ def test_docker_needs_an_image(swe_project, swe_image):
     missing = dataclasses.replace(swe_project.instance, image="roll-agent-task:does-not-exist")
     r = grade(missing, swe_project.patches["gold"], sandbox="docker")
     assert r.status == ERROR and r.reason.startswith("sandbox could not start") and "not found" in r.reason
+
+
+# -- fail fast: pytest stops at the first failing verdict test -------------------------
+
+def test_fail_fast_stops_at_the_first_failing_verdict_test_with_the_same_verdict(graded):
+    fast, full = graded("wrong"), graded("wrong", fail_fast=False)
+    assert fast.status == full.status == UNRESOLVED
+    # test_calc.py runs first: its failing test_add ends the run before tests/test_mul.py
+    assert fast.stopped_at == "tests/test_calc.py::test_add" and "tests/test_mul.py::test_mul" not in fast.tests
+    assert fast.pass_to_pass["failure"] == full.pass_to_pass["failure"] == ["tests/test_calc.py::test_add"]
+    assert fast.not_run == ["tests/test_mul.py::test_mul", "tests/test_mul.py::test_mul_zero",
+                            "tests/test_calc.py::test_clamp"]
+    assert full.stopped_at == "" and full.tests["tests/test_mul.py::test_mul"] == "PASSED"
+    assert fast.tests["tests/test_calc.py::test_add"] == full.tests["tests/test_calc.py::test_add"] == "FAILED"
+
+
+def test_a_failure_outside_the_verdict_tests_does_not_stop_the_run(graded_bwrap):
+    # test_add is in neither list: its failure decides nothing, so the run goes on
+    inst = dataclasses.replace(graded_bwrap.instance, PASS_TO_PASS=["tests/test_calc.py::test_clamp"])
+    r = graded_bwrap("wrong", instance=inst)
+    assert (r.status, r.stopped_at) == (RESOLVED, "")
+    assert r.tests["tests/test_calc.py::test_add"] == "FAILED"
+
+
+def test_the_tests_see_the_environment_without_the_stop_plugin(graded_bwrap):
+    env_test = ("--- /dev/null\n+++ b/tests/test_env.py\n@@ -0,0 +1,7 @@\n+import os\n+import subprocess\n+\n+\n"
+                "+def test_env():\n+    assert 'roll_agent' not in repr(sorted(os.environ.items()))\n"
+                "+    assert subprocess.run(['sh', '-c', 'echo \"$PYTEST_ADDOPTS$PYTHONPATH\"'], capture_output=True)"
+                ".stdout == b'\\n'\n")
+    inst = dataclasses.replace(graded_bwrap.instance, test_patch=graded_bwrap.instance.test_patch + env_test,
+                               FAIL_TO_PASS=[*graded_bwrap.instance.FAIL_TO_PASS, "tests/test_env.py::test_env"])
+    r = graded_bwrap("gold", instance=inst)
+    assert (r.status, r.stopped_at) == (RESOLVED, ""), r.test_output[-2000:]
+    assert "roll_agent: stop plugin loaded" in r.test_output
+
+
+def test_a_test_command_without_pytest_runs_again_plain(graded_bwrap):
+    lines = "".join(f"PASSED {t}\\n" for t in graded_bwrap.instance.tests)
+    inst = dataclasses.replace(graded_bwrap.instance, test_cmd=f"printf '{lines}'")
+    r = graded_bwrap("gold", instance=inst)
+    assert r.status == RESOLVED and "run tests (again, without the stop plugin" in r.log
