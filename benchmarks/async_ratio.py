@@ -2,25 +2,27 @@
 
 Setting (ROLL Flash's agentic case, scaled to a 2-core CPU): a tiny Qwen2 built by the
 project (hidden 192, 2 layers) on the `hf` engine, trained by the `torch` trainer
-(GRPO + decoupled PPO) on the simulated env: episodes of 2..4 turns, step latency
-N(mu, sigma = mu), mu = 0.5 s, clipped at 0. Default topology, pinned: 6 env groups
-of 4 + 1 redundant env, 4 groups (16 episodes) per step; eval, warm-up, checkpoints
-and logging off; runtime.torch_threads=1 (torch's default, one thread per core for
-each of the trainer and engine threads, oversubscribes the 2 cores badly).
-Generation waits on the envs, as in agentic RL: a turn costs ~20-50 ms of engine CPU,
-an env step ~500 ms. Synchronously (ratio 0) a step is ~2.5 s: ~2.2 s rollout (the
-first 4 of 6 groups to finish) and ~0.35 s training, the rollout-dominated split
-ROLL Flash reports for agentic tasks (> 70% rollout). Training is not grown further
-on purpose: trainer and engine share two cores (and a GIL) here instead of separate
-GPU pools, and a bigger model (hidden 256) made the async runs CPU-bound (1.1-1.35x
-in our runs).
+(GRPO + decoupled PPO; in its own process, the local runtime's default) on the simulated
+env: episodes of 2..4 turns, step latency N(mu, sigma = mu), mu = 0.5 s, clipped at 0.
+Topology, pinned: 4 groups (16 episodes) per step from 9 env groups of 4 + 2 redundant
+envs. The number of groups in flight sets both targets against each other: too few and
+the env count, not the async ratio, caps the overlap at every ratio >= 1 (6 groups of
+4+1: ratio 2 1.69x ratio 0, ratio 8 only 1.79x); too many and groups outlive ratio 2's
+staleness window (3 steps; steps are short here because training is cheap) and are
+dropped, while ratio 8 keeps them (12 groups of 4+1: ratio 2 1.96x ratio 0 but 0.72x
+ratio 8). Ratio 0 gets the same groups (its batch is the first 4 to finish: ROLL Flash's
+group-level redundancy). Eval, warm-up, checkpoints and logging off; runtime.torch_threads=1
+(torch's default, one thread per core in each of the trainer and engine, oversubscribes
+the 2 cores). Generation waits on the envs, as in agentic RL: a turn costs ~10-30 ms of
+engine CPU, an env step ~500 ms; synchronously a step is ~2 s of rollout and ~0.15 s of
+training, the rollout-dominated split ROLL Flash reports for agentic tasks.
 
 Every ratio in {0, 1, 2, 4, 8} runs the same config (own output_dir) in one process;
 rounds repeat the sweep in rotated order against drift on a noisy machine. samples/s
 = episodes trained in steps `skip+1..N` / sum of those steps' `time_step_s` (batch
 wait + train + weight sync: the loop's wall time). Rates pool all rounds; cpu/step
-is the process's CPU seconds per step (all threads, setup included): a check on CPU
-starvation, read with the load average printed beside it.
+is the CPU seconds per step of the process and its trainer process (all threads, setup
+included): a check on CPU starvation, read with the load average printed beside it.
 
 The base model is built once with the project's own builder (`build_tiny_model` over
 `env_corpus`) from a latency-free copy of the env spec and passed as `model.path`:
@@ -59,8 +61,8 @@ def make_config(ratio: int, out: Path, args) -> Config:
     # every knob that shapes the run is pinned here, so drifting defaults cannot change the setting
     cfg = load_config(None, [
         f"output_dir={out}", f"max_steps={args.steps}", f"rollout.async_ratio={ratio}",
-        "rollout.num_env_groups=6", "rollout.groups_per_batch=4", "rollout.group_size=4",
-        "rollout.group_size_redundancy=1", "rollout.max_turns=8", "rollout.max_new_tokens=8",
+        "rollout.num_env_groups=9", "rollout.groups_per_batch=4", "rollout.group_size=4",
+        "rollout.group_size_redundancy=2", "rollout.max_turns=8", "rollout.max_new_tokens=8",
         "engine.type=hf", "engine.num_engines=1", "trainer.micro_batch_size=8", "trainer.updates_per_batch=1",
         f"model.tiny.hidden_size={args.hidden}", f"model.tiny.intermediate_size={args.hidden * 8 // 3}",
         f"model.tiny.num_hidden_layers={args.layers}", f"runtime.torch_threads={args.threads}",
@@ -94,8 +96,9 @@ def run_one(ratio: int, root: Path, model_path: str, args, tag: str) -> dict:
 
 
 def cpu_seconds() -> float:
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    return usage.ru_utime + usage.ru_stime
+    """This process's and its ended children's (the trainer process's) CPU seconds."""
+    return sum(u.ru_utime + u.ru_stime for u in map(resource.getrusage,
+                                                  (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)))
 
 
 def main() -> None:
