@@ -150,17 +150,24 @@ class PolicyTrainer:
         algo = self.algo
         total_tokens = sum(trajs[i].num_generated_tokens for i in mini)
         total_seqs = sum(1 for i in mini if trajs[i].num_generated_tokens > 0)
-        # every loss term is scaled by the advantage: with all of them 0 (e.g. a batch whose groups'
-        # rewards are all equal) and no KL/entropy term there is no gradient, and an optimizer step
-        # on none would still drift the weights through Adam's momentum
-        signal = bool(adv[mini].abs().sum() > 0) or algo.kl_coef > 0 or algo.entropy_coef != 0
+        # Every policy-loss term is scaled by the advantage: a sample whose advantage is 0 (its
+        # group's rewards all equal) adds nothing to the gradient unless a KL or entropy term is on.
+        # Such samples get a forward pass for the metrics only (no backward), the others are
+        # trained in micro-batches of their own; the loss is normalised over the whole
+        # mini-batch either way, so the update is the same. With no signal at all no optimizer
+        # step is taken (one on zero gradients would still drift the weights through Adam's momentum).
+        every_sample = algo.kl_coef > 0 or algo.entropy_coef != 0
+        has_signal = [every_sample or float(adv[i]) != 0.0 for i in mini]
+        trained = [i for i, yes in zip(mini, has_signal) if yes]
+        signal = bool(trained)
         self._zero_grad()
-        for idx in self._micro_batches(mini):
-            batch = self._tensors([trajs[i] for i in idx])
-            with torch.set_grad_enabled(signal):
-                loss = self._micro_loss(trajs, idx, batch, adv, old, total_tokens, total_seqs, sums)
-            if signal:
-                self._backward(loss)
+        for grad, rows in ((True, trained), (False, [i for i, yes in zip(mini, has_signal) if not yes])):
+            for idx in self._micro_batches(rows):
+                batch = self._tensors([trajs[i] for i in idx])
+                with torch.set_grad_enabled(grad):
+                    loss = self._micro_loss(trajs, idx, batch, adv, old, total_tokens, total_seqs, sums)
+                if grad:
+                    self._backward(loss)
         norm = self._apply_gradients() if signal else 0.0
         _add(sums, "_grad_norm", norm)
         if norm <= 0:

@@ -46,3 +46,38 @@ def test_narrowed_logits_equal_full_logits(tiny_model_dir, updates_per_batch, en
     # Adam's g / sqrt(v) magnifies float rounding in the rarely-hit embedding rows: a step is lr = 1e-2
     for (name, p), (_, q) in zip(narrow.model.named_parameters(), full.model.named_parameters()):
         torch.testing.assert_close(p, q, rtol=1e-4, atol=5e-5, msg=name)
+
+
+@pytest.mark.parametrize("aggregation", ["token-mean", "seq-mean"])
+def test_samples_without_advantage_get_no_backward_and_the_gradient_is_unchanged(tiny_model_dir, aggregation):
+    """A group whose rewards are all equal has advantage 0: only a forward pass (metrics) runs for
+    it, and the accumulated gradient equals the plain one (every sample through autograd,
+    the loss normalised over all generated tokens)."""
+    from roll_agent.train import algorithms as alg
+
+    cfg = TrainerConfig(micro_batch_size=3, lr=1e-30, max_grad_norm=1e9)  # the step moves nothing: read p.grad
+    trainer = TorchTrainer(tiny_model_dir, cfg, AlgorithmConfig(aggregation=aggregation), ModelConfig(), seed=3)
+    groups = multi_turn_groups(7)
+    for t in groups[1].trajectories:
+        t.reward = 0.5  # all equal: advantage 0
+    backward_rows = []
+    real_backward = trainer._backward
+    trainer._backward = lambda loss: (backward_rows.append(loss), real_backward(loss))
+    metrics = trainer.step(groups)
+    assert len(backward_rows) == 2  # 4 samples with an advantage in micro-batches of 3; none for the rest
+    got = {name: p.grad.clone() for name, p in trainer.model.named_parameters()}
+
+    trajs = [t for g in groups for t in g.trajectories]
+    rewards = torch.tensor([t.reward for t in trajs])
+    adv = alg.compute_advantages(rewards, torch.tensor([t.group_id for t in trajs]), "grpo", std_normalize=True)
+    assert adv[4:].abs().sum() == 0 and adv[:4].abs().sum() > 0
+    trainer.model.zero_grad()
+    batch = trainer._tensors(trajs)
+    logp, _ = trainer._forward(trainer.net, batch, with_entropy=False)
+    loss_tok, _ = alg.policy_loss(logp, logp.detach(), batch["behav"], adv[:, None].expand_as(logp), batch["mask"],
+                                  "ppo", clip_low=0.2, clip_high=0.28, is_cap=2.0,
+                                  positive=torch.tensor([t.reward > 0 for t in trajs]))
+    alg.aggregate(loss_tok, batch["mask"], aggregation).backward()  # the whole batch at once
+    for name, p in trainer.model.named_parameters():
+        torch.testing.assert_close(got[name], p.grad, rtol=1e-4, atol=1e-7, msg=name)
+    assert metrics["entropy"] > 0  # the metrics still cover every sample
