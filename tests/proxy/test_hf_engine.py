@@ -136,7 +136,7 @@ def test_next_turn_reuses_the_remembered_prefix_with_exact_logprobs(tiny_model_d
     cached = HFEngine(tiny_model_dir, EngineConfig(), ModelConfig(), seed=0)
     plain = HFEngine(tiny_model_dir, EngineConfig(prefix_cache_tokens=0), ModelConfig(), seed=0)
     assert cached.prefix_cache is not None and plain.prefix_cache is None
-    instructions = list(range(30, 70))
+    instructions = list(range(30, 110))  # 80 tokens: past the cache's minimum match (64)
     greedy = SamplingParams(max_new_tokens=6, greedy=True)
 
     async def episodes(engine):
@@ -160,7 +160,7 @@ def test_next_turn_reuses_the_remembered_prefix_with_exact_logprobs(tiny_model_d
     # each later turn reuses its history but the last answer token (never fed); a new episode the
     # instructions; the first request and the unrelated prompt find nothing
     assert stats["lookups"] == 7 and stats["hits"] == 5
-    assert stats["hit_tokens"] == (43 + 5) + 40 + (42 + 5) + (43 + 6 + 3 + 5) + 40
+    assert stats["hit_tokens"] == (83 + 5) + 80 + (82 + 5) + (83 + 6 + 3 + 5) + 80
 
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
     run(cached.load_weights(list(model.named_parameters()), 1))
