@@ -212,7 +212,7 @@ class AlgorithmConfig:
     clip_low: float = 0.2
     clip_high: float = 0.28
     is_cap: float = 2.0
-    kl_coef: float = 0.0  # k3 KL to the initial (reference) model
+    kl_coef: float = 0.05  # k3 KL to the reference: the policy RL starts from (after any warm-start)
     entropy_coef: float = 0.0
     aggregation: str = "seq-mean"  # per-episode means: multi-turn length does not bias stop tokens
 

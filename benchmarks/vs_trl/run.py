@@ -69,7 +69,7 @@ def roll_agent_config(task: str, model: str, out: Path, setting: dict, prompt_le
         f"rollout.max_context_tokens={prompt_len + setting['max_tokens']}",
         f"rollout.temperature={HP['temperature']}", "engine.type=hf", "engine.num_engines=1",
         f"trainer.lr={HP['lr']}", f"trainer.micro_batch_size={HP['micro_batch_size']}", "trainer.updates_per_batch=1",
-        "algorithm.advantage=grpo", "algorithm.loss=ppo", f"algorithm.clip_low={HP['clip']}",
+        "algorithm.advantage=grpo", "algorithm.loss=ppo", "algorithm.kl_coef=0.0", f"algorithm.clip_low={HP['clip']}",
         f"algorithm.clip_high={HP['clip']}", "algorithm.aggregation=token-mean",
         f"runtime.torch_threads={THREADS}", "warmup.sft_steps=0", "eval.num_episodes=0", "checkpoint.every=0",
         "logging.progress=false", "logging.tensorboard=false", "logging.plot=false",

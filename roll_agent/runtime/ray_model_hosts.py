@@ -95,6 +95,9 @@ class TrainerHost:
     def sft_step(self, trajs, lr: float) -> dict:
         return self.trainer.sft_step(trajs, lr)
 
+    def reset_reference(self) -> None:
+        self.trainer.reset_reference()
+
     def save(self, path: str, extra: dict) -> None:
         from pathlib import Path
 

@@ -187,6 +187,9 @@ class RemoteTrainer:
     def sft_step(self, trajs, lr: float) -> dict:
         return ray.get(self.handle.sft_step.remote(trajs, lr))
 
+    def reset_reference(self) -> None:
+        ray.get(self.handle.reset_reference.remote())
+
     def save(self, path: Path, extra: dict) -> None:
         ray.get(self.handle.save.remote(str(path), extra))
 

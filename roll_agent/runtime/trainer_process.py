@@ -4,7 +4,7 @@ Why: in one process the trainer's, the engine's and the env managers' Python sha
 GIL; with a small model most of each step is Python and op dispatch, so the three take
 turns instead of running side by side. A child process gives the trainer its own
 interpreter; the controller drives it through `ProcessTrainer`, which has the trainer's
-interface (`version`, `step`, `sft_step`, `save`, `load`, `named_weights`).
+interface (`version`, `step`, `sft_step`, `reset_reference`, `save`, `load`, `named_weights`).
 
 Weights: the child moves its synced parameters (all, or the LoRA adapters) into shared
 memory once and hands them over; the optimizer updates them in place, so a weight sync
@@ -61,6 +61,9 @@ class ProcessTrainer:
     def sft_step(self, trajs, lr: float) -> dict:
         return self._call("sft_step", trajs, lr)
 
+    def reset_reference(self) -> None:
+        self._call("reset_reference")
+
     def save(self, path: Path, extra: dict) -> None:
         self._call("save", path, extra)
 
@@ -107,6 +110,8 @@ def _serve(conn, cfg: Config, model_path: str) -> None:
                 result = (trainer.step(*args), trainer.version)
             elif method == "sft_step":
                 result = trainer.sft_step(*args)
+            elif method == "reset_reference":
+                result = trainer.reset_reference()
             elif method == "save":
                 result = trainer.save(*args)
             elif method == "load":

@@ -227,6 +227,17 @@ class PolicyTrainer:
             group["lr"] = self.cfg.lr
         return {"sft_nll": nll_sum / total}
 
+    def reset_reference(self) -> None:
+        """The KL reference becomes the current policy: called when the supervised warm-start
+        ends, so the KL term anchors RL to the model it starts from, not to the untrained one.
+        (Under LoRA the reference stays the adapter-disabled base.)"""
+        if self.ref_model is None:
+            return
+        ref = dict(self.ref_model.named_parameters())
+        with torch.no_grad():
+            for name, tensor in self.named_weights():
+                ref[name].copy_(tensor.to(ref[name].device, ref[name].dtype))
+
     # ---- weights and checkpoints -------------------------------------------
     def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
         """What the engines need: every parameter, or only the adapters under LoRA."""

@@ -50,6 +50,7 @@ def run_warmup(trainer, specs: list[EnvSpec], formatter: ChatFormatter, cfg: War
             metrics = trainer.sft_step(demos, cfg.lr)
             if log is not None:
                 log({"sft_step": step, **metrics, "demo_success_rate": sum(d.success for d in demos) / len(demos)})
+        trainer.reset_reference()  # RL's KL term anchors to the warm-started model
     finally:
         for env in envs:
             env.close()
