@@ -61,9 +61,9 @@ def make_config(ratio: int, out: Path, args) -> Config:
     # every knob that shapes the run is pinned here, so drifting defaults cannot change the setting
     cfg = load_config(None, [
         f"output_dir={out}", f"max_steps={args.steps}", f"rollout.async_ratio={ratio}",
-        "rollout.num_env_groups=9", "rollout.groups_per_batch=4", "rollout.group_size=4",
-        "rollout.group_size_redundancy=2", "rollout.max_turns=8", "rollout.max_new_tokens=8",
-        "engine.type=hf", "engine.num_engines=1", "trainer.micro_batch_size=8", "trainer.updates_per_batch=1",
+        f"rollout.num_env_groups={args.groups}", "rollout.groups_per_batch=4", "rollout.group_size=4",
+        f"rollout.group_size_redundancy={args.redundancy}", f"algorithm.kl_coef={args.kl}", "rollout.max_turns=8", "rollout.max_new_tokens=8",
+        "engine.type=hf", "engine.num_engines=1", "trainer.micro_batch_size=8", f"trainer.updates_per_batch={args.updates}",
         f"model.tiny.hidden_size={args.hidden}", f"model.tiny.intermediate_size={args.hidden * 8 // 3}",
         f"model.tiny.num_hidden_layers={args.layers}", f"runtime.torch_threads={args.threads}",
         "warmup.sft_steps=0", "eval.num_episodes=0", "checkpoint.every=0",
@@ -109,6 +109,10 @@ def main() -> None:
     ap.add_argument("--skip", type=int, default=2, help="warm-up steps left out of the rates")
     ap.add_argument("--budget-s", type=float, default=420.0, help="start no round that would end past this")
     ap.add_argument("--mean-s", type=float, default=0.5, help="mean (= std) env step latency, seconds")
+    ap.add_argument("--groups", type=int, default=9, help="env groups in flight (4 per batch)")
+    ap.add_argument("--redundancy", type=int, default=2, help="redundant envs per group of 4")
+    ap.add_argument("--kl", type=float, default=0.0, help="algorithm.kl_coef")
+    ap.add_argument("--updates", type=int, default=1, help="trainer.updates_per_batch (PPO mini-batch updates)")
     ap.add_argument("--hidden", type=int, default=192)
     ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--threads", type=int, default=1, help="runtime.torch_threads (1: trainer and engine "
