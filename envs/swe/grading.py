@@ -12,15 +12,11 @@ Steps, each one exec in the sandbox (its command and output go to `r.log`):
      tests that judge it), apply test_patch;
   4. run test_cmd (default: pytest -rA on the files the test ids name), parse its log
      with the instance's log_parser. With fail_fast (the default, pytest instances,
-     not partial credit) pytest runs the FAIL_TO_PASS tests first (the rest in file
-     order) and stops at the first FAIL_TO_PASS/PASS_TO_PASS test that fails
-     (stop_plugin.py): that test already makes the verdict "unresolved", and unless the
-     test suite is order-dependent the order changes no test's outcome, so the verdict
-     is the same, at a fraction of the cost for most wrong patches (`r.stopped_at` names
-     the test, `r.not_run` lists the verdict tests it did not reach: not in the failure
-     lists). fail_fast=False (swe_eval --no-fail-fast) runs every test in file order;
-     ROLL_AGENT_SWE_F2P_FIRST=0 in the environment keeps the stop but not the reordering
-     (to measure what the reordering gains).
+     not partial credit) pytest stops at the first FAIL_TO_PASS/PASS_TO_PASS test that
+     fails (stop_plugin.py): that test already makes the verdict "unresolved", and
+     tests run in the same order as in a full run, so the verdict is the same, at a
+     fraction of the cost for most wrong patches (`r.stopped_at` names the test,
+     `r.not_run` lists the verdict tests it did not reach: not in the failure lists).
 Verdict: resolved iff every FAIL_TO_PASS and every PASS_TO_PASS test passes (a test
 missing from the log has not passed). Reward 1/0, or with partial_credit the fraction
 of those tests that pass. Errors (malformed instance, patch does not apply, sandbox
@@ -30,7 +26,6 @@ that instance.
 from __future__ import annotations
 
 import dataclasses
-import os
 import re
 import shlex
 import time
@@ -54,7 +49,7 @@ STOP_DIR = "/tmp/roll_agent_pytest"  # the stop plugin (module roll_agent_stop) 
 STOP_PLUGIN_SOURCE = (Path(__file__).parent / "stop_plugin.py").read_text()
 # PYTEST_ADDOPTS reaches every pytest the test command starts, whatever its shape; the
 # plugin takes these entries out again (stop_plugin._unwrap) before any test runs
-STOP_ENV = (f'export ROLL_AGENT_STOP_IDS={STOP_DIR}/ids.txt ROLL_AGENT_RUN_FIRST={STOP_DIR}/first.txt '
+STOP_ENV = (f'export ROLL_AGENT_STOP_IDS={STOP_DIR}/ids.txt '
             f'PYTEST_ADDOPTS="-p roll_agent_stop${{PYTEST_ADDOPTS:+ $PYTEST_ADDOPTS}}" '
             f'PYTHONPATH="{STOP_DIR}${{PYTHONPATH:+:$PYTHONPATH}}"; ')
 
@@ -164,10 +159,7 @@ class _Run:
         if fail_fast:
             writes.append(f"mkdir -p {STOP_DIR}")
             files.update({f"{STOP_DIR}/roll_agent_stop.py": STOP_PLUGIN_SOURCE,
-                          f"{STOP_DIR}/ids.txt": "".join(t + "\n" for t in inst.tests),
-                          # run first (empty: file order); read per grading, so a run can switch it
-                          f"{STOP_DIR}/first.txt": "".join(t + "\n" for t in inst.FAIL_TO_PASS)
-                          if os.environ.get("ROLL_AGENT_SWE_F2P_FIRST", "1") != "0" else ""})
+                          f"{STOP_DIR}/ids.txt": "".join(t + "\n" for t in inst.tests)})
         for k, (path, text) in enumerate(files.items()):
             # small files travel in the first command's environment: a separate upload
             # (docker put_archive) costs more than the whole command on a busy machine
@@ -229,8 +221,7 @@ def grade(instance: SWEInstance, model_patch: str | None, sandbox: str | Sandbox
     used; the caller closes that one (so it can start sandboxes ahead of time, and
     close them off its critical path).
     sandbox_options: extra backend options (memory_mb, cpus, pool_size, ...).
-    fail_fast: run the FAIL_TO_PASS tests first and stop pytest at the first failing
-    verdict test (same verdict unless the suite is order-dependent; see step 4).
+    fail_fast: stop pytest at the first failing verdict test (same verdict; see step 4).
     """
     t0 = time.monotonic()
     result = GradeResult(instance.instance_id, ERROR)

@@ -3,8 +3,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import re
-from pathlib import Path
 
 import pytest
 
@@ -202,8 +200,7 @@ def test_model_cannot_rewrite_the_tests_that_judge_it(graded_bwrap):
     r = graded(cheat)
     assert r.status == UNRESOLVED and r.stopped_at == "tests/test_mul.py::test_mul"
     assert r.fail_to_pass["failure"] == ["tests/test_mul.py::test_mul"]
-    # FAIL_TO_PASS runs first: the run stopped before any PASS_TO_PASS test
-    assert r.not_run == ["tests/test_mul.py::test_mul_zero", *graded.instance.PASS_TO_PASS]
+    assert r.not_run == ["tests/test_mul.py::test_mul_zero"]
 
 
 def test_malformed_instances_are_errors(graded_bwrap):
@@ -237,12 +234,11 @@ def test_docker_needs_an_image(swe_project, swe_image):
 def test_fail_fast_stops_at_the_first_failing_verdict_test_with_the_same_verdict(graded):
     fast, full = graded("wrong"), graded("wrong", fail_fast=False)
     assert fast.status == full.status == UNRESOLVED
-    # the FAIL_TO_PASS tests (tests/test_mul.py) run first and pass; then test_calc.py's
-    # failing test_add ends the run before test_clamp
-    assert fast.stopped_at == "tests/test_calc.py::test_add"
-    assert [fast.tests[t] for t in graded.instance.FAIL_TO_PASS] == ["PASSED", "PASSED"]
+    # test_calc.py runs first: its failing test_add ends the run before tests/test_mul.py
+    assert fast.stopped_at == "tests/test_calc.py::test_add" and "tests/test_mul.py::test_mul" not in fast.tests
     assert fast.pass_to_pass["failure"] == full.pass_to_pass["failure"] == ["tests/test_calc.py::test_add"]
-    assert fast.not_run == ["tests/test_calc.py::test_clamp"]
+    assert fast.not_run == ["tests/test_mul.py::test_mul", "tests/test_mul.py::test_mul_zero",
+                            "tests/test_calc.py::test_clamp"]
     assert full.stopped_at == "" and full.tests["tests/test_mul.py::test_mul"] == "PASSED"
     assert fast.tests["tests/test_calc.py::test_add"] == full.tests["tests/test_calc.py::test_add"] == "FAILED"
 
@@ -272,71 +268,3 @@ def test_a_test_command_without_pytest_runs_again_plain(graded_bwrap):
     inst = dataclasses.replace(graded_bwrap.instance, test_cmd=f"printf '{lines}'")
     r = graded_bwrap("gold", instance=inst)
     assert r.status == RESOLVED and "run tests (again, without the stop plugin" in r.log
-
-
-# -- fail fast runs FAIL_TO_PASS first: a late failing one still stops the run at once --
-
-N_LATE = 40
-LATE = "tests/test_late.py::test_mul_late"
-EARLY = [f"tests/test_late.py::test_p{k:02d}" for k in range(N_LATE)]
-NO_FIX = ("diff --git a/NOTES.txt b/NOTES.txt\nnew file mode 100644\n--- /dev/null\n+++ b/NOTES.txt\n"
-          "@@ -0,0 +1 @@\n+looked at it, changed nothing\n")
-
-
-def _late_f2p(inst):
-    """The instance with one test file: N_LATE passing PASS_TO_PASS tests, then the FAIL_TO_PASS test.
-
-    -v prints one line per test as it runs, so `_ran` reads the order off the output.
-    """
-    body = ["from calc import add, mul", ""]
-    for k in range(N_LATE):
-        body += ["", f"def test_p{k:02d}():", f"    assert add({k}, 1) == {k + 1}", ""]
-    body += ["", "def test_mul_late():", "    assert mul(3, 4) == 12"]
-    patch = (f"--- /dev/null\n+++ b/tests/test_late.py\n@@ -0,0 +1,{len(body)} @@\n"
-             + "".join(f"+{line}\n" for line in body))
-    return dataclasses.replace(inst, test_patch=patch, FAIL_TO_PASS=[LATE], PASS_TO_PASS=[*inst.PASS_TO_PASS, *EARLY],
-                               test_cmd="python3 -m pytest -v -p no:cacheprovider tests")
-
-
-def _ran(result):
-    return re.findall(r"^(tests/\S+::\w+) (?:PASSED|FAILED)", result.test_output, re.M)
-
-
-def test_fail_fast_runs_fail_to_pass_first_and_stops_there(graded):
-    inst = _late_f2p(graded.instance)
-    fast, full = graded(NO_FIX, instance=inst), graded(NO_FIX, instance=inst, fail_fast=False)
-    assert fast.status == full.status == UNRESOLVED
-    # in file order the FAIL_TO_PASS test is the last of 43; fail fast runs it first and stops
-    assert (fast.stopped_at, _ran(fast), fast.tests) == (LATE, [LATE], {LATE: "FAILED"})
-    assert fast.fail_to_pass["failure"] == [LATE] and fast.pass_to_pass["failure"] == []
-    assert fast.not_run == inst.PASS_TO_PASS and EARLY[-1] in fast.not_run
-    # --no-fail-fast: everything, in file order (test_calc.py, then test_late.py top to bottom)
-    assert full.stopped_at == "" and full.not_run == []
-    assert _ran(full) == [*graded.instance.PASS_TO_PASS, *EARLY, LATE]
-    assert full.fail_to_pass["failure"] == [LATE] and full.pass_to_pass["success"] == inst.PASS_TO_PASS
-
-
-def test_gold_resolves_with_fail_to_pass_first_and_every_test_run(graded_bwrap):
-    inst = _late_f2p(graded_bwrap.instance)
-    r = graded_bwrap("gold", instance=inst)
-    assert (r.status, r.stopped_at, r.not_run) == (RESOLVED, "", [])
-    assert _ran(r) == [LATE, *graded_bwrap.instance.PASS_TO_PASS, *EARLY]  # the rest keeps file order
-    assert r.fail_to_pass["success"] == [LATE] and r.pass_to_pass["success"] == inst.PASS_TO_PASS
-    full = graded_bwrap("gold", instance=inst, fail_fast=False)
-    assert full.status == RESOLVED and _ran(full) == [*graded_bwrap.instance.PASS_TO_PASS, *EARLY, LATE]
-
-
-def test_the_reordering_can_be_switched_off_for_measurements(graded_bwrap, monkeypatch):
-    monkeypatch.setenv("ROLL_AGENT_SWE_F2P_FIRST", "0")
-    inst = _late_f2p(graded_bwrap.instance)
-    r = graded_bwrap(NO_FIX, instance=inst)
-    assert (r.status, r.stopped_at, r.not_run) == (UNRESOLVED, LATE, [])  # stopped, but in file order: last
-    assert _ran(r) == [*graded_bwrap.instance.PASS_TO_PASS, *EARLY, LATE]
-
-
-def test_the_stop_plugin_is_python_3_5_syntax():
-    import ast
-
-    from envs.swe import stop_plugin
-
-    ast.parse(Path(stop_plugin.__file__).read_text(), feature_version=(3, 5))
