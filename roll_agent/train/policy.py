@@ -266,9 +266,13 @@ def _stack_rows(rows: list[tuple[int, torch.Tensor]], start: int, width: int) ->
     columns `start .. start + width` of this one."""
     out = torch.zeros((len(rows), width), device=rows[0][1].device)
     for i, (row_start, row) in enumerate(rows):
-        lo = start - row_start  # >= 0: a row's start is at most its own first prompt's
-        n = max(0, min(width, row.shape[0] - lo))
-        out[i, :n] = row[lo:lo + n]
+        # column j here is token position start + j, which is index j + lo of the row. lo < 0 when
+        # this micro-batch starts earlier than the row's own did (a shorter prompt beside it):
+        # the columns before the row's start are before its first trained token and stay 0.
+        lo = start - row_start
+        j0, j1 = max(0, -lo), min(width, row.shape[0] - lo)
+        if j1 > j0:
+            out[i, j0:j1] = row[j0 + lo:j1 + lo]
     return out
 
 

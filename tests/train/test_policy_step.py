@@ -81,3 +81,29 @@ def test_samples_without_advantage_get_no_backward_and_the_gradient_is_unchanged
     for name, p in trainer.model.named_parameters():
         torch.testing.assert_close(got[name], p.grad, rtol=1e-4, atol=1e-7, msg=name)
     assert metrics["entropy"] > 0  # the metrics still cover every sample
+
+
+def test_proximal_log_probs_line_up_across_micro_batches_with_other_starts(tiny_model_dir):
+    """updates_per_batch > 1: pi_old is computed in one micro-batch layout and read in another.
+    A long-prompt episode first batched with long prompts (a late start) and then beside a short
+    one (an early start) must still get its own log-probs at every trained position."""
+    from roll_agent.train.policy import _stack_rows
+
+    trainer = TorchTrainer(tiny_model_dir, TrainerConfig(micro_batch_size=2, updates_per_batch=2),
+                           AlgorithmConfig(kl_coef=0.0), ModelConfig(), seed=0)
+    rng = random.Random(1)
+    trajs = []
+    for prompt_len in (30, 25, 4, 6):
+        t = Trajectory(group_id=0, reward=rng.random())
+        t.append([rng.randrange(5, 300) for _ in range(prompt_len)], generated=False)
+        t.append([rng.randrange(5, 300) for _ in range(5)], generated=True, logprobs=[-1.0] * 5, versions=[0] * 5)
+        trajs.append(t)
+    old = trainer._proximal_logps(trajs)  # micro-batches [0, 1] (start 24) and [2, 3] (start 3)
+    for idx in ([0, 2], [3, 1], [1, 0]):
+        batch = trainer._tensors([trajs[i] for i in idx])
+        with torch.no_grad():
+            direct, _ = trainer._forward(trainer.net, batch, with_entropy=False)
+        stacked = _stack_rows([old[i] for i in idx], batch["start"], direct.shape[1])
+        keep = batch["mask"] > 0
+        assert keep.sum() == 10
+        torch.testing.assert_close(stacked[keep], direct[keep], rtol=1e-5, atol=1e-5)
