@@ -165,3 +165,32 @@ def test_next_turn_reuses_the_remembered_prefix_with_exact_logprobs(tiny_model_d
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
     run(cached.load_weights(list(model.named_parameters()), 1))
     assert len(cached.prefix_cache) == 0  # KV of the old weights is never reused
+
+
+def test_requests_with_one_prompt_share_its_prefill_with_exact_logprobs(tiny_model_dir):
+    """A group's envs ask with the same prompt at once: its prefill row is computed once and
+    copied; each request still samples on its own, with the log-probs of a plain forward pass."""
+    engine = HFEngine(tiny_model_dir, EngineConfig(), ModelConfig(), seed=0)
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
+    shared, other = [5, 9, 11, 20, 33, 7, 8], [40, 41, 42]
+    prompts = [shared] * 5 + [other, shared]
+    forwards = []
+    real = engine.model.forward
+
+    def counting(*args, **kwargs):
+        forwards.append(kwargs["input_ids"].shape)
+        return real(*args, **kwargs)
+
+    engine.model.forward = counting
+
+    async def go():
+        sampling = SamplingParams(max_new_tokens=10, temperature=1.0)
+        return await asyncio.gather(*(engine.generate(p, sampling, f"r{i}") for i, p in enumerate(prompts)))
+
+    outs = run(go())
+    assert forwards[0] == (2, len(shared))  # the prefill: two distinct prompts
+    assert len({tuple(o.token_ids) for o in outs}) > 1  # copies sample independently
+    for prompt, out in zip(prompts, outs):
+        ref = _forward_logprobs(model, prompt, out.token_ids, 1.0)
+        diff = (ref - torch.tensor(out.logprobs)).abs().max().item()
+        assert diff <= 1e-3, diff

@@ -66,8 +66,8 @@ class HFEngine:
         self._idle.set()
         self._worker: asyncio.Task | None = None
         self._lock = threading.Lock()  # weights vs decode
-        self.prefix_cache = PrefixCache(cfg.prefix_cache_tokens) \
-            if cfg.prefix_cache_tokens and _plain_cache(self.model.config) else None
+        self._plain = _plain_cache(self.model.config)  # rows of its KV can be copied, stacked, reused
+        self.prefix_cache = PrefixCache(cfg.prefix_cache_tokens) if cfg.prefix_cache_tokens and self._plain else None
 
     async def generate(self, prompt_ids: list[int], sampling: SamplingParams, request_id: str) -> EngineOutput:
         self._ensure_worker()
@@ -184,12 +184,21 @@ class HFEngine:
                 item.finish = "length"
 
     def _prefill(self, batch: _Batch) -> None:
-        """One forward over the new requests' prompts, batched: row i's remembered prefix (n_i
-        tokens of KV, possibly none) is left-padded to the longest one, its remaining tokens
-        (s_i) to the longest rest; the attention mask hides both pads, positions are per row."""
-        dev, items = self.device, batch.items
+        """One forward over the new requests' distinct prompts, batched: row i's remembered prefix
+        (n_i tokens of KV, possibly none) is left-padded to the longest one, its remaining tokens
+        (s_i) to the longest rest; the attention mask hides both pads, positions are per row.
+        Requests with the same prompt (a GRPO group's envs start one task together) share its
+        row: computed once, then copied to each of them before sampling."""
+        dev, every = self.device, batch.items
+        items, rows, row_of = [], [], {}  # the distinct prompts; each request's row among them
+        for item in every:
+            key = tuple(item.prompt_ids) if self._plain else id(item)
+            if key not in row_of:
+                row_of[key] = len(items)
+                items.append(item)
+            rows.append(row_of[key])
         cached = [item.cached or (0, []) for item in items]
-        for item in items:
+        for item in every:
             item.cached = None
         known = max(n for n, _ in cached)
         rests = [item.prompt_ids[n:] for item, (n, _) in zip(items, cached)]
@@ -206,11 +215,17 @@ class HFEngine:
         kwargs = {"past_key_values": self._stacked_prefixes(cached, known)} if known else {}
         out = self.model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True,
                          **kwargs, **logits_to_keep_kwargs(self.model, 1))  # only the last position samples
+        cache, logits, pos = out.past_key_values, out.logits[:, -1].float(), pos[:, -1:]
+        if len(items) < len(every):
+            idx = torch.tensor(rows, device=dev)
+            for layer in cache.layers:
+                layer.keys, layer.values = layer.keys.index_select(0, idx), layer.values.index_select(0, idx)
+            logits, mask, pos = logits.index_select(0, idx), mask.index_select(0, idx), pos.index_select(0, idx)
         batch.state.update(
-            cache=out.past_key_values, logits=out.logits[:, -1].float(), mask=mask, pos=pos[:, -1:],
-            temps=torch.tensor([max(b.sampling.temperature, 1e-5) for b in items], device=dev)[:, None],
-            greedy=torch.tensor([b.sampling.greedy for b in items], device=dev),
-            top_p=torch.tensor([b.sampling.top_p for b in items], device=dev)[:, None])
+            cache=cache, logits=logits, mask=mask, pos=pos,
+            temps=torch.tensor([max(b.sampling.temperature, 1e-5) for b in every], device=dev)[:, None],
+            greedy=torch.tensor([b.sampling.greedy for b in every], device=dev),
+            top_p=torch.tensor([b.sampling.top_p for b in every], device=dev)[:, None])
 
     def _stacked_prefixes(self, cached: list[tuple[int, KV]], known: int) -> DynamicCache:
         """The rows' remembered KV, each left-padded (zeros, masked) to `known` positions."""
