@@ -19,7 +19,9 @@ Same for both: checkpoint and tokenizer, prompts (token ids checked equal), rewa
 trained samples (steps x groups x group size), group size, batch, micro-batch, learning
 rate (constant), AdamW betas, grad clip, clip epsilon, token-mean loss, temperature, max
 tokens, max turns. Wall-clock = the training loop's time (first step to last), model
-loading excluded on both sides.
+loading excluded on both sides. tokens/sample: generated tokens per trained sample as each
+framework counts them (TRL's `completions/mean_length`): samples/s depends on how long the
+policy's answers grow during the run, which differs from run to run on both sides.
 """
 
 from __future__ import annotations
@@ -92,7 +94,8 @@ def run_roll_agent(cfg: Config) -> dict:
             "model": str(Checkpointer(out).latest() / "model"),
             "staleness": sum(r["staleness_mean"] for r in rows) / len(rows),
             # every turn but the last is a tool call (single-turn: none)
-            "tool_calls": sum(r["episode_len_mean"] for r in rows) / len(rows) - 1}
+            "tool_calls": sum(r["episode_len_mean"] for r in rows) / len(rows) - 1,
+            "tokens_per_sample": sum(r["train_tokens"] for r in rows) / sum(r["episodes"] for r in rows)}
 
 
 def run_trl(task: str, model: str, root: Path, python: str, probe_seed: int, threads: int) -> dict:
@@ -182,13 +185,13 @@ def report(results: dict, args, elapsed: float, load0: float) -> None:
     for task, pair in results.items():
         for name, res in pair.items():
             rows.append((task, name, int(res["samples"]), res["seconds"], res["samples_per_s"], res["tool_calls"],
-                         res["train_reward"], res["eval_reward"]))
+                         res["tokens_per_sample"], res["train_reward"], res["eval_reward"]))
         ours, theirs = pair["roll_agent"], pair["TRL"]
         ratios[task] = ours["samples_per_s"] / theirs["samples_per_s"]
     print(f"\nsame checkpoint, G={HP['group_size']}, {HP['groups_per_batch']} groups/step, lr={HP['lr']}; "
           f"{elapsed:.0f} s in all; load average {load0:.1f} -> {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
-    print(table(rows, ("task", "framework", "samples", "wall_s", "samples/s", "tool_calls/sample", "train_reward",
-                       "eval_reward")))
+    print(table(rows, ("task", "framework", "samples", "wall_s", "samples/s", "tool_calls/sample", "tokens/sample",
+                       "train_reward", "eval_reward")))
     plot(results, Path(args.plot))
     print(f"plot: {args.plot}")
     st, mt = results[tasks.SINGLE_TURN], results[tasks.MULTI_TURN]
@@ -197,6 +200,7 @@ def report(results: dict, args, elapsed: float, load0: float) -> None:
         st_reward_roll=st["roll_agent"]["eval_reward"], st_reward_trl=st["TRL"]["eval_reward"],
         mt_reward_roll=mt["roll_agent"]["eval_reward"], mt_reward_trl=mt["TRL"]["eval_reward"],
         st_sps_roll=st["roll_agent"]["samples_per_s"], st_sps_trl=st["TRL"]["samples_per_s"],
+        st_tokens_roll=st["roll_agent"]["tokens_per_sample"], st_tokens_trl=st["TRL"]["tokens_per_sample"],
         mt_sps_roll=mt["roll_agent"]["samples_per_s"], mt_sps_trl=mt["TRL"]["samples_per_s"],
         total_s=round(elapsed)))
 

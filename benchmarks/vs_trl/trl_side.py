@@ -37,6 +37,7 @@ class Clock(TrainerCallback):
         self.t0 = self.t1 = 0.0
         self.curve: list[tuple[float, float]] = []
         self.tool_calls: list[float] = []  # per sample, each step
+        self.lengths: list[float] = []  # generated tokens per sample, each step
 
     def on_train_begin(self, args, state, control, **kwargs):
         self.t0 = time.perf_counter()
@@ -45,6 +46,7 @@ class Clock(TrainerCallback):
         if logs and "reward" in logs:
             self.curve.append((time.perf_counter() - self.t0, float(logs["reward"])))
             self.tool_calls.append(float(logs.get("tools/call_frequency", 0.0)))
+            self.lengths.append(float(logs.get("completions/mean_length", float("nan"))))
 
     def on_train_end(self, args, state, control, **kwargs):
         self.t1 = time.perf_counter()
@@ -96,6 +98,7 @@ def main() -> None:
     result = {"seconds": clock.t1 - clock.t0, "samples": spec["steps"] * spec["hp"]["group_size"]
               * spec["hp"]["groups_per_batch"], "curve": clock.curve, "model": str(out / "model"),
               "tool_calls": sum(clock.tool_calls) / max(len(clock.tool_calls), 1),
+              "tokens_per_sample": sum(clock.lengths) / max(len(clock.lengths), 1),
               "prompt_ids": probe_prompt(trainer, task, spec["probe_seed"]), "torch_threads": torch_threads()}
     (out / "result.json").write_text(json.dumps(result))
 
