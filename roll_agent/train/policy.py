@@ -29,6 +29,7 @@ class PolicyTrainer:
     model: torch.nn.Module
     net: torch.nn.Module
     ref_model: torch.nn.Module | None = None
+    _reference_moved = False  # reset_reference() made the current policy the reference
     device: torch.device
     narrow_logits = True  # logits only from the earliest trained token on (False: every position)
 
@@ -230,6 +231,7 @@ class PolicyTrainer:
     def reset_reference(self) -> None:
         """The KL reference becomes the current policy: called when the supervised warm-start
         ends, so the KL term anchors RL to the model it starts from, not to the untrained one.
+        Checkpoints then carry the reference (a resumed run has no warm-start to take it from).
         (Under LoRA the reference stays the adapter-disabled base.)"""
         if self.ref_model is None:
             return
@@ -237,6 +239,7 @@ class PolicyTrainer:
         with torch.no_grad():
             for name, tensor in self.named_weights():
                 ref[name].copy_(tensor.to(ref[name].device, ref[name].dtype))
+        self._reference_moved = True
 
     # ---- weights and checkpoints -------------------------------------------
     def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
@@ -250,6 +253,8 @@ class PolicyTrainer:
             "rng": {"torch": torch.get_rng_state(), "python": random.getstate(), "numpy": np.random.get_state(),
                     "trainer": self._rng.getstate()},
             "extra": extra,
+            # only a reference the warm-start moved: otherwise it is model.path's, rebuilt at start
+            "reference": self.ref_model.state_dict() if self._reference_moved else None,
         }
 
     def _restore_trainer_state(self, state: dict) -> dict:
@@ -258,6 +263,9 @@ class PolicyTrainer:
         random.setstate(state["rng"]["python"])
         np.random.set_state(state["rng"]["numpy"])
         self._rng.setstate(state["rng"]["trainer"])
+        if state.get("reference") is not None and self.ref_model is not None:
+            self.ref_model.load_state_dict(state["reference"])
+            self._reference_moved = True
         return state["extra"]
 
 

@@ -10,7 +10,7 @@ from roll_agent.train.warmup import run_warmup
 from tests.train.test_policy_step import multi_turn_groups
 
 
-def test_warmup_moves_the_kl_reference_to_the_warm_started_policy(tiny_model_dir):
+def test_warmup_moves_the_kl_reference_to_the_warm_started_policy(tiny_model_dir, tmp_path):
     from transformers import AutoTokenizer
 
     trainer = TorchTrainer(tiny_model_dir, TrainerConfig(micro_batch_size=4), AlgorithmConfig(kl_coef=0.1),
@@ -28,3 +28,10 @@ def test_warmup_moves_the_kl_reference_to_the_warm_started_policy(tiny_model_dir
     assert not any(p.requires_grad for p in trainer.ref_model.parameters())
     # the first RL step's policy is the reference: its k3 KL is 0
     assert trainer.step(multi_turn_groups())["kl"] == 0.0
+    # a resumed run has no warm-start: the checkpoint brings the reference back
+    trainer.save(tmp_path / "ckpt", {})
+    resumed = TorchTrainer(tiny_model_dir, TrainerConfig(micro_batch_size=4), AlgorithmConfig(kl_coef=0.1),
+                           ModelConfig(), seed=0)
+    resumed.load(tmp_path / "ckpt")
+    for name, p in resumed.ref_model.named_parameters():
+        torch.testing.assert_close(p, ref[name], rtol=0, atol=0, msg=name)
