@@ -73,8 +73,9 @@ def make_config(ratio: int, out: Path, args) -> Config:
     cfg = load_config(None, [
         f"output_dir={out}", f"max_steps={args.steps}", f"rollout.async_ratio={ratio}",
         f"rollout.num_env_groups={args.groups}", "rollout.groups_per_batch=4", "rollout.group_size=4",
-        f"rollout.group_size_redundancy={args.redundancy}", f"algorithm.kl_coef={args.kl}", "rollout.max_turns=8", "rollout.max_new_tokens=8",
-        "engine.type=hf", "engine.num_engines=1", "trainer.micro_batch_size=8", f"trainer.updates_per_batch={args.updates}",
+        f"rollout.group_size_redundancy={args.redundancy}", "rollout.max_turns=8", "rollout.max_new_tokens=8",
+        "engine.type=hf", "engine.num_engines=1", f"algorithm.kl_coef={args.kl}", "trainer.micro_batch_size=8",
+        f"trainer.updates_per_batch={args.updates}",
         f"model.tiny.hidden_size={args.hidden}", f"model.tiny.intermediate_size={args.hidden * 8 // 3}",
         f"model.tiny.num_hidden_layers={args.layers}", f"runtime.torch_threads={args.threads}",
         "warmup.sft_steps=0", "eval.num_episodes=0", "checkpoint.every=0",

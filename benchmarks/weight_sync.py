@@ -65,7 +65,7 @@ class DeepSpeedSender:
         from roll_agent.train.deepspeed_trainer import DeepSpeedTrainer
 
         trainer_cfg = TrainerConfig(type="deepspeed", deepspeed=DeepSpeedConfig(zero_stage=3))
-        self.cfg, self.trainer = cfg, DeepSpeedTrainer(path, trainer_cfg, AlgorithmConfig(), cfg)
+        self.cfg, self.trainer = cfg, DeepSpeedTrainer(path, trainer_cfg, AlgorithmConfig(kl_coef=0.0), cfg)
         self.model = self.trainer.model
         self.named_weights = self.trainer.named_weights
 

@@ -40,7 +40,7 @@ def prepare_model(root: Path, seed: int, sft_steps: int = SFT_STEPS) -> tuple[st
     base = build_tiny_model(root / "base_model", TinyModelConfig(), lambda: env_corpus(specs, seed=seed), seed=seed)
     tokenizer = AutoTokenizer.from_pretrained(base)
     formatter = ChatFormatter(tokenizer)
-    trainer = TorchTrainer(str(base), TrainerConfig(), AlgorithmConfig(), ModelConfig(), seed=seed)
+    trainer = TorchTrainer(str(base), TrainerConfig(), AlgorithmConfig(kl_coef=0.0), ModelConfig(), seed=seed)
     run_warmup(trainer, specs, formatter, WarmupConfig(sft_steps=sft_steps, episodes_per_step=32),
                RolloutConfig(max_turns=3), seed)
     out = root / "warm_model"

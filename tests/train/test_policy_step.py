@@ -56,7 +56,8 @@ def test_samples_without_advantage_get_no_backward_and_the_gradient_is_unchanged
     from roll_agent.train import algorithms as alg
 
     cfg = TrainerConfig(micro_batch_size=3, lr=1e-30, max_grad_norm=1e9)  # the step moves nothing: read p.grad
-    trainer = TorchTrainer(tiny_model_dir, cfg, AlgorithmConfig(aggregation=aggregation, kl_coef=0.0), ModelConfig(), seed=3)
+    algo = AlgorithmConfig(aggregation=aggregation, kl_coef=0.0)  # KL would need every sample's backward
+    trainer = TorchTrainer(tiny_model_dir, cfg, algo, ModelConfig(), seed=3)
     groups = multi_turn_groups(7)
     for t in groups[1].trajectories:
         t.reward = 0.5  # all equal: advantage 0
