@@ -17,12 +17,11 @@ import json
 import os
 import re
 import sys
-import threading
 from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 
-from envs.textworld_env import CommandGameEnv
+from envs.textworld_env import ENGINE_LOCK, CommandGameEnv
 
 SPLITS = ("train", "valid_seen", "valid_unseen")
 TASK_TYPES = {
@@ -77,7 +76,6 @@ def find_games(data_dir: str | Path, split: str, task_types: list[str]) -> list[
 
 # -- the engine's translation, done once per game ---------------------------------------------
 
-_TRANSLATE_LOCK = threading.RLock()  # also serialises every engine call (see ALFWorldEnv._load)
 
 
 class _MemoDownward:
@@ -99,7 +97,7 @@ class _MemoDownward:
 
     def pddl2sas(self, domain: str, problem: str, verbose: bool = False, optimize: bool = False):
         key = (domain, problem, verbose, optimize)
-        with _TRANSLATE_LOCK:
+        with ENGINE_LOCK:
             if key in self._memo:
                 self._memo.move_to_end(key)
                 return self._memo[key]
@@ -117,7 +115,7 @@ class _MemoDownward:
 def _install_memo() -> None:
     from textworld.envs.pddl import logic
 
-    with _TRANSLATE_LOCK:
+    with ENGINE_LOCK:
         if not isinstance(logic.fast_downward, _MemoDownward):
             logic.fast_downward = _MemoDownward(logic.fast_downward)
 
@@ -186,7 +184,7 @@ class ALFWorldEnv(CommandGameEnv):
     def _load(self, seed: int | None) -> tuple[str, list[str], str]:
         # the PDDL engine (libdownward through ctypes) keeps process-global state: envs
         # stepped in parallel threads crash the process, so every engine call is serialised
-        with _TRANSLATE_LOCK:
+        with ENGINE_LOCK:
             return self._load_locked(seed)
 
     def _load_locked(self, seed: int | None) -> tuple[str, list[str], str]:
@@ -215,7 +213,7 @@ class ALFWorldEnv(CommandGameEnv):
         return feedback, admissible, instructions
 
     def _send(self, command: str) -> tuple[str, list[str], bool, bool, float]:
-        with _TRANSLATE_LOCK:
+        with ENGINE_LOCK:
             return self._send_locked(command)
 
     def _send_locked(self, command: str) -> tuple[str, list[str], bool, bool, float]:
@@ -240,7 +238,8 @@ class ALFWorldEnv(CommandGameEnv):
 
     def _expert(self) -> str | None:
         if self.expert == "planner":
-            plan = self._pddl._pddl_state.replan(self._pddl._entity_infos)
+            with ENGINE_LOCK:
+                plan = self._pddl._pddl_state.replan(self._pddl._entity_infos)
             return plan[0] if plan else None
         return self._next_expert
 
@@ -249,7 +248,7 @@ class ALFWorldEnv(CommandGameEnv):
         env, self._env = self._env, None
         if env is None:
             return
-        with _TRANSLATE_LOCK:
+        with ENGINE_LOCK:
             env.close()
             # PddlEnv loads a private copy of libdownward.so. Unloading it here
             # (fast_downward.close_lib) crashes the interpreter at exit, so the copy stays

@@ -26,6 +26,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import unicodedata
 import warnings
 from pathlib import Path
@@ -46,6 +47,13 @@ CHALLENGES: dict[str, dict[str, Any]] = {
         "recipe_seed": 0, "split": None,
     },
 }
+# TextWorld and the engines under it keep process-global state: tatsu's logic parser (a
+# game's load parses its rules), jericho's frotz (a ctypes library, run without the GIL) and
+# ALFWorld's libdownward. Envs stepped from parallel threads (the env managers' pool) raced
+# there: parser errors, and a segfault that ended a whole test run. Every engine call of
+# these envs (generate, load, reset, step, close) holds this lock; a call takes milliseconds.
+ENGINE_LOCK = threading.RLock()
+
 COMMAND_FORMAT = (
     "Each turn, answer with exactly one of the available actions listed under the "
     "observation, written as shown (for example: {example}). Anything else is not understood."
@@ -268,8 +276,8 @@ def _generate(path: Path, challenge: str, settings: dict[str, Any], seed: int) -
         options.seeds = int(seed)
         options.path = str(tmp / path.name)
         options.force_recompile = True
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message=".*is not fully supported")  # see TextWorldEnv._load
+        with ENGINE_LOCK, warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=".*is not fully supported")  # see _start
             game = textworld.challenges.CHALLENGES[challenge][1](dict(settings), options)
             compile_game(game, options)
         try:
@@ -335,22 +343,16 @@ class TextWorldEnv(CommandGameEnv):
         self._max_score = 1.0
 
     def _load(self, seed: int | None) -> tuple[str, list[str], str]:
-        import textworld
-
         game_seed = seed if seed is not None else int(self.np_random.integers(2**31))
         if self.num_games is not None:
             game_seed %= self.num_games
         if self._game is None or game_seed != self.game_seed:
             path = generate_game(self.cache_dir, self.challenge, self.settings, game_seed)
             self._close_game()
-            infos = textworld.EnvInfos(admissible_commands=True, policy_commands=True, objective=True,
-                                       won=True, lost=True, score=True, max_score=True)
-            with warnings.catch_warnings():
-                # Jericho can't track score in TextWorld-made games; TextWorld's own state does.
-                warnings.filterwarnings("ignore", message=".*is not fully supported")
-                self._game = textworld.start(str(path), request_infos=infos)
+            self._game = _start(path)
             self.game_seed = game_seed
-        self._state = self._game.reset()
+        with ENGINE_LOCK:
+            self._state = self._game.reset()
         self._max_score = float(self._state["max_score"] or 1)
         objective = clean_text(self._state["objective"] or "")
         example = self._state["admissible_commands"][0] if self._state["admissible_commands"] else "look"
@@ -361,7 +363,8 @@ class TextWorldEnv(CommandGameEnv):
         return self._state.feedback, list(self._state["admissible_commands"]), instructions
 
     def _send(self, command: str) -> tuple[str, list[str], bool, bool, float]:
-        self._state, score, _ = self._game.step(command)
+        with ENGINE_LOCK:
+            self._state, score, _ = self._game.step(command)
         s = self._state
         return s.feedback, list(s["admissible_commands"] or []), bool(s["won"]), bool(s["lost"]), float(score)
 
@@ -378,11 +381,24 @@ class TextWorldEnv(CommandGameEnv):
     def _close_game(self) -> None:
         if self._game is not None:
             game, self._game = self._game, None
-            game.close()
+            with ENGINE_LOCK:
+                game.close()
+                del game  # jericho's finaliser (shutdown, dlclose) runs here, under the lock
 
     def close(self) -> None:
         self._closed = True
         self._close_game()
+
+
+def _start(path: Path) -> Any:
+    import textworld
+
+    infos = textworld.EnvInfos(admissible_commands=True, policy_commands=True, objective=True,
+                               won=True, lost=True, score=True, max_score=True)
+    with ENGINE_LOCK, warnings.catch_warnings():
+        # Jericho can't track score in TextWorld-made games; TextWorld's own state does.
+        warnings.filterwarnings("ignore", message=".*is not fully supported")
+        return textworld.start(str(path), request_infos=infos)
 
 
 # -- command line -----------------------------------------------------------------------------

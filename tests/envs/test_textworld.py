@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -170,6 +171,50 @@ def test_garbage_never_raises_and_keeps_state(cache):
         assert obs in after and step_info["admissible_actions"] == info["admissible_actions"]
     assert env.step(env.expert_action())[4]["invalid_action"] is False
     env.close()
+
+
+PARALLEL_PLAY = """
+import json, sys
+from concurrent.futures import ThreadPoolExecutor
+from envs.textworld_env import TextWorldEnv
+
+games, cache = json.loads(sys.argv[1]), sys.argv[2]
+
+def transcript(challenge):
+    env = TextWorldEnv(challenge=challenge, settings=games[challenge], cache_dir=cache)
+    try:
+        seen = [env.reset(seed=11)[0]]
+        for _ in range(30):
+            obs, reward, terminated, truncated, _ = env.step(env.expert_action())
+            seen.append([obs, reward])
+            if terminated or truncated:
+                break
+        return seen
+    finally:
+        env.close()
+
+work = sorted(games) * 6
+with ThreadPoolExecutor(8) as pool:
+    together = list(pool.map(transcript, work))
+alone = {challenge: transcript(challenge) for challenge in games}
+assert together == [alone[challenge] for challenge in work], "a thread's game differs from the same game alone"
+print("same")
+"""
+
+
+@pytest.mark.slow
+def test_envs_in_parallel_threads_play_as_one_alone(cache):
+    # The env managers step envs from a thread pool. TextWorld's rule parser and jericho's
+    # frotz keep process-global state: unguarded, parallel loads raised parser errors and
+    # once segfaulted the process. A fresh process (the parser's first loads raced) plays
+    # fresh envs (a load each) from 8 threads, then each game alone.
+    for challenge, settings in GAMES.items():  # generated here, so the child only loads
+        env = TextWorldEnv(challenge=challenge, settings=settings, cache_dir=str(cache))
+        env.reset(seed=11)
+        env.close()
+    done = subprocess.run([sys.executable, "-c", PARALLEL_PLAY, json.dumps(GAMES), str(cache)], cwd=REPO,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0 and done.stdout.split() == ["same"], done.stderr[-3000:]
 
 
 @pytest.fixture(scope="module")
