@@ -2,31 +2,35 @@
 
 Setting (ROLL Flash's agentic case, scaled to a 2-core CPU): a tiny Qwen2 built by the
 project (hidden 384, 4 layers) on the `hf` engine, trained by the `torch` trainer with the
-default algorithm (GRPO + decoupled PPO + the k3 KL term to the initial model, 0.05; in its
-own process, the local runtime's default) on the simulated env: episodes of 2..4 turns (per
-task seed), step latency N(mu, sigma = mu), mu = 0.5 s, clipped at 0. Synchronously a step is
-~2.2 s of rollout and ~1.1 s of training: rollout two thirds of the step (ROLL Flash reports
-rollout at 70%+ of agentic RL).
-Topology, pinned: 4 groups (16 episodes) per step from 6 env groups of 4 + 2 redundant
+default loss (GRPO + decoupled PPO + the k3 KL term to the initial model, 0.05) in two PPO
+mini-batch updates per batch, in its own process (the local runtime's default), on the
+simulated env: episodes of 2..4 turns (per task seed), step latency N(mu, sigma = mu),
+mu = 0.5 s, clipped at 0. Synchronously a step is ~2.4 s of rollout and ~1.4 s of
+training: rollout ~60% of the step (ROLL Flash reports rollout at 70%+ of agentic RL).
+Topology, pinned: 4 groups (16 episodes) per step from 5 env groups of 4 + 2 redundant
 envs. Ratio 0 gets the same groups (its batch is the first 4 to finish: ROLL Flash's
 group-level redundancy). The number of groups in flight N and the training share set the
-two targets against each other (measured, 2 rounds each; flags `--groups --redundancy
---hidden --layers --updates --kl`):
-  6 x (4+2), 384/4, KL 0.05 (pinned):   ratio 2 1.89x ratio 0, 0.99x ratio 8; 3 rounds
-                                        later: 1.75x, 0.88x (64 episodes dropped vs 28)
-  6 x (4+2), 384/4, no KL, 2 updates:   1.71x, 0.98x (training ~0.5 s: a smaller share)
-  6 x (4+1), 384/4, no KL, 2 updates:   1.74x, 0.87x
-  7 x (4+2), 384/4, no KL, 2 updates:   1.51x, 0.93x (ratio 8 itself 1.62x: CPU bound)
-  6 x (4+2), 512/4, no KL, 2 updates:   1.48x, 0.92x (CPU bound: 3.7 CPU-s a 2.3 s step)
-  9 x (4+2), 192/2, no KL (the previous pin): 1.77x, 0.87x; 12 x (4+1): 1.96x, 0.72x
-With N/B = 1.5 ratio 2 keeps nearly every group and matches ratio 8, and the speed-up over
-sync comes from hiding training behind the rollout (async ~ (N/B) (Q + T) / D: Q the sync
-wait for the 4th of N groups, T training, D the mean group duration); with more groups in
-flight groups outlive ratio 2's staleness window (a group must be in the buffer before the
-batch two versions later is formed) and are dropped while ratio 8 keeps them, and on 2
-cores a bigger model or more lanes make the run CPU bound first. Eval, warm-up,
-checkpoints and logging off; runtime.torch_threads=1 (torch's default, one thread per core
-in each of the trainer and engine, oversubscribes the 2 cores).
+two targets against each other (measured, 2 rounds each unless said; flags `--groups
+--redundancy --hidden --layers --updates --kl`):
+  5 x (4+2), 384/4, KL 0.05, 2 updates (pinned): ratio 2 2.00x ratio 0, 0.99x ratio 8;
+                                        the default command (3 rounds, 550 s): 1.87x, 0.90x
+  5 x (4+2), 384/4, KL 0.05, 1 update:   1.85x, 0.98x
+  6 x (4+2), 384/4, KL 0.05, 2 updates:  1.87x, 0.88x (52 episodes dropped by ratio 2)
+  6 x (4+2), 384/4, KL 0.05, 1 update:   1.89x, 0.99x; 3 rounds: 1.75x, 0.88x (64 dropped)
+  6 x (4+2), 384/4, no KL, 2 updates:    1.71x, 0.98x (training ~0.5 s: a smaller share)
+  6 x (4+1), 384/4, no KL, 2 updates:    1.74x, 0.87x
+  7 x (4+2), 384/4, no KL, 2 updates:    1.51x, 0.93x (ratio 8 itself 1.62x: CPU bound)
+  6 x (4+2), 512/4, no KL, 2 updates:    1.48x, 0.92x (CPU bound: 3.7 CPU-s a 2.3 s step)
+  9 x (4+2), 192/2, no KL, 1 update:     1.77x, 0.87x; 12 x (4+1): 1.96x, 0.72x
+The run is CPU bound from ratio 2 up (~3.5 CPU-s a step on 2 cores): groups in flight past
+what the cores serve add no throughput, only duration, and a group's staleness grows with
+N/B (a group lasts ~N/B steps when generation sets the pace); ratio 2 drops the long
+(4-turn) groups that outlive its window while ratio 8 keeps them. At N = 5 (N/B = 1.25)
+ratio 2 keeps nearly every group; the speed-up over sync comes from hiding training (and
+the sync wait for the 4th group of N) behind the rollout, so a larger training share (two
+updates) raises it. Eval, warm-up, checkpoints and logging off; runtime.torch_threads=1
+(torch's default, one thread per core in each of the trainer and engine, oversubscribes
+the 2 cores).
 
 Every ratio in {0, 1, 2, 4, 8} runs the same config (own output_dir) in one process;
 rounds repeat the sweep in rotated order against drift on a noisy machine. samples/s
@@ -121,10 +125,10 @@ def main() -> None:
     ap.add_argument("--skip", type=int, default=2, help="warm-up steps left out of the rates")
     ap.add_argument("--budget-s", type=float, default=600.0, help="start no round that would end past this")
     ap.add_argument("--mean-s", type=float, default=0.5, help="mean (= std) env step latency, seconds")
-    ap.add_argument("--groups", type=int, default=6, help="env groups in flight (4 per batch)")
+    ap.add_argument("--groups", type=int, default=5, help="env groups in flight (4 per batch)")
     ap.add_argument("--redundancy", type=int, default=2, help="redundant envs per group of 4")
     ap.add_argument("--kl", type=float, default=0.05, help="algorithm.kl_coef")
-    ap.add_argument("--updates", type=int, default=1, help="trainer.updates_per_batch (PPO mini-batch updates)")
+    ap.add_argument("--updates", type=int, default=2, help="trainer.updates_per_batch (PPO mini-batch updates)")
     ap.add_argument("--hidden", type=int, default=384)
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--threads", type=int, default=1, help="runtime.torch_threads (1: trainer and engine "
