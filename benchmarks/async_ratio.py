@@ -13,7 +13,8 @@ group-level redundancy). The number of groups in flight N and the training share
 two targets against each other (measured, 2 rounds each unless said; flags `--groups
 --redundancy --hidden --layers --updates --kl`):
   5 x (4+2), 384/4, KL 0.05, 2 updates (pinned): ratio 2 2.00x ratio 0, 0.99x ratio 8;
-                                        the default command (3 rounds, 550 s): 1.87x, 0.90x
+                                        the default command (3 rounds, 550-570 s) twice:
+                                        1.87x, 0.90x and 1.92x, 0.97x
   5 x (4+2), 384/4, KL 0.05, 1 update:   1.85x, 0.98x
   6 x (4+2), 384/4, KL 0.05, 2 updates:  1.87x, 0.88x (52 episodes dropped by ratio 2)
   6 x (4+2), 384/4, KL 0.05, 1 update:   1.89x, 0.99x; 3 rounds: 1.75x, 0.88x (64 dropped)
