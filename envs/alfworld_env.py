@@ -77,7 +77,6 @@ def find_games(data_dir: str | Path, split: str, task_types: list[str]) -> list[
 # -- the engine's translation, done once per game ---------------------------------------------
 
 
-
 class _MemoDownward:
     """Stands in for `fast_downward` inside textworld's PDDL logic.
 
