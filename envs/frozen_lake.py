@@ -34,11 +34,7 @@ class FrozenLakeEnv(TextGame):
     """Reach G on a random `size` x `size` lake; reward 1 at the goal, 0 otherwise.
 
     `p_frozen` is the chance a tile is ice rather than a hole. `max_steps=None` leaves the
-    episode length to the caller (the rollout's `max_turns`). `wall_penalty` is added to
-    the reward of a move toward a wall (the observation names it: "down: wall"); the
-    player stays put, as in gymnasium. With a success reward alone such a move costs only
-    a turn, so a policy that bumps into the wall before turning still wins and is never
-    told otherwise.
+    episode length to the caller (the rollout's `max_turns`).
     """
 
     actions = ACTIONS
@@ -50,7 +46,6 @@ class FrozenLakeEnv(TextGame):
         is_slippery: bool = False,
         max_steps: int | None = None,
         invalid_action_penalty: float = 0.0,
-        wall_penalty: float = 0.0,
         render_mode: str | None = None,
     ):
         if size < 2:
@@ -62,7 +57,6 @@ class FrozenLakeEnv(TextGame):
         self.size = size
         self.p_frozen = p_frozen
         self.is_slippery = is_slippery
-        self.wall_penalty = float(wall_penalty)
         self.instructions = INSTRUCTIONS + (SLIPPERY_NOTE if is_slippery else "")
         self.desc: list[str] = []
         self._lake: GymFrozenLake | None = None
@@ -86,10 +80,8 @@ class FrozenLakeEnv(TextGame):
         return self.desc[row][col] if inside else None
 
     def _apply(self, action: str) -> tuple[float, bool, bool]:
-        toward_wall = self._cell(_moved(self.position, action)) is None
         _, reward, terminated, _, _ = self._lake.step(ACTIONS.index(action))
-        reward = float(reward) + (self.wall_penalty if toward_wall else 0.0)
-        return reward, bool(terminated), self._cell(self.position) == "G"
+        return float(reward), bool(terminated), self._cell(self.position) == "G"
 
     def _render(self) -> str:
         player = self.position

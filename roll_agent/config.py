@@ -357,8 +357,7 @@ class Config:
     proxy: ProxyConfig = field(default_factory=ProxyConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     watchdog: WatchdogConfig = field(default_factory=WatchdogConfig)
-    envs: list[EnvSpec] = field(default_factory=lambda: [EnvSpec(kwargs={"invalid_action_penalty": -0.1,
-                                                                            "wall_penalty": -0.1})])
+    envs: list[EnvSpec] = field(default_factory=lambda: [EnvSpec(kwargs={"invalid_action_penalty": -0.1})])
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     warmup: WarmupConfig = field(default_factory=WarmupConfig)

@@ -110,20 +110,6 @@ def test_frozen_lake_invalid_action_keeps_state():
     assert env.position == (0, 0) and env.expert_action() == expert
 
 
-def test_frozen_lake_wall_penalty_only_for_moves_toward_a_wall():
-    env = FrozenLakeEnv(wall_penalty=-0.1)
-    obs, _ = env.reset(seed=3)
-    for word in ("up", "left"):  # the start is the top-left corner
-        new_obs, reward, terminated, truncated, info = env.step(word)
-        assert reward == -0.1 and not terminated and not info["invalid_action"]
-        assert new_obs == obs and env.position == (0, 0)
-    steps, info = play_expert(env, 3)  # the expert never walks into a wall: rewards as without it
-    assert info["success"] and [s[1] for s in steps] == [0.0] * (len(steps) - 1) + [1.0]
-    plain = FrozenLakeEnv()  # default 0: gymnasium's rewards
-    plain.reset(seed=3)
-    assert plain.step("up")[1] == 0.0
-
-
 def test_frozen_lake_maps_are_per_seed_and_deterministic():
     a, b = FrozenLakeEnv(), FrozenLakeEnv()
     assert a.reset(seed=11) == b.reset(seed=11)
