@@ -23,7 +23,7 @@ two targets against each other (measured, 2 rounds each unless said; flags `--gr
   7 x (4+2), 384/4, no KL, 2 updates:    1.51x, 0.93x (ratio 8 itself 1.62x: CPU bound)
   6 x (4+2), 512/4, no KL, 2 updates:    1.48x, 0.92x (CPU bound: 3.7 CPU-s a 2.3 s step)
   9 x (4+2), 192/2, no KL, 1 update:     1.77x, 0.87x; 12 x (4+1): 1.96x, 0.72x
-The run is CPU bound from ratio 2 up (~3.5 CPU-s a step on 2 cores): groups in flight past
+The run is CPU bound from ratio 2 up (3.5-4.2 CPU-s a step on 2 cores): groups in flight past
 what the cores serve add no throughput, only duration, and a group's staleness grows with
 N/B (a group lasts ~N/B steps when generation sets the pace); ratio 2 drops the long
 (4-turn) groups that outlive its window while ratio 8 keeps them. At N = 5 (N/B = 1.25)

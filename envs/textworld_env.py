@@ -51,7 +51,9 @@ CHALLENGES: dict[str, dict[str, Any]] = {
 # game's load parses its rules), jericho's frotz (a ctypes library, run without the GIL) and
 # ALFWorld's libdownward. Envs stepped from parallel threads (the env managers' pool) raced
 # there: parser errors, and a segfault that ended a whole test run. Every engine call of
-# these envs (generate, load, reset, step, close) holds this lock; a call takes milliseconds.
+# these envs (generate, load, reset, step, close) holds this lock. Load, reset, step and close
+# take milliseconds; an in-process generation (only under PYTHONHASHSEED=0, see `_generate`)
+# holds it for its 1-3 s (pre-generate: `python -m envs.textworld_env generate ...`).
 ENGINE_LOCK = threading.RLock()
 
 COMMAND_FORMAT = (
