@@ -4,16 +4,19 @@
 
 One invocation, one after the other on the same machine:
   1. builds the tiny model with `roll_agent.tiny_model` (tokenizer trained on both tasks'
-     text, a tool-calling ChatML template, random-init Qwen2) and warm-starts it with
-     roll_agent's supervised warm-up on the envs' expert demonstrations, so RL starts from
-     a model that knows the formats; both frameworks load this one checkpoint;
+     text, a tool-calling ChatML template, random-init Qwen2) and warm-starts one copy per
+     task with roll_agent's supervised warm-up on that task's expert demonstrations, so RL
+     starts from a policy that solves the task greedily but whose samples (temperature 1)
+     still fail often; both frameworks load the task's checkpoint;
   2. single-turn task (`roll_agent/ReverseLetters-v0`, reward = share of letters right):
      roll_agent (async ratio 2, env-level async), then TRL (synchronous GRPOTrainer);
   3. multi-turn tool task (`roll_agent/ToolLatencyCalculator-v0`: the calculator is a tool
      that takes 100-500 ms, long-tailed, mean 200 ms): roll_agent with the env's async
      step, then TRL through `environment_factory` with an async tool;
-  4. evaluates every final model the same way (greedy, the same held-out seeds, roll_agent's
-     evaluator) and prints the table, writes docs/vs_trl.png and a last line `RESULT ...`.
+  4. evaluates the warm-start and every final model the same way (greedy, the same 256
+     held-out seeds, roll_agent's evaluator), compares the final rewards seed by seed (the
+     paired difference and its standard error), prints the table, writes docs/vs_trl.png and
+     a last line `RESULT ...`.
 
 Same for both: checkpoint and tokenizer, prompts (token ids checked equal), reward code,
 trained samples (steps x groups x group size), group size, batch, micro-batch, learning
@@ -29,12 +32,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import os
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+from statistics import mean, stdev
 
 import torch
 
@@ -42,14 +47,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from benchmarks.common import result_line, table  # noqa: E402
 from benchmarks.vs_trl import tasks  # noqa: E402
-from benchmarks.vs_trl.models import SFT_STEPS, evaluate_model, prepare_model  # noqa: E402
+from benchmarks.vs_trl.models import SFT_STEPS, evaluate_model, prepare_models  # noqa: E402
 from roll_agent.checkpoint import Checkpointer  # noqa: E402
 from roll_agent.config import Config, EnvSpec, load_config  # noqa: E402
 from roll_agent.metrics import read_rows  # noqa: E402
 from roll_agent.run import train  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
-HP = {"group_size": 8, "groups_per_batch": 4, "micro_batch_size": 8, "lr": 1e-3, "temperature": 1.0, "clip": 0.2,
+# lr: 1e-3 (used first) wrecks a warm-started policy (ours from the default warm-starts: single-turn
+# greedy 0.92 -> 0.70, multi-turn 0.98 -> 0.00; both frameworks from a 200-step single-turn one:
+# 0.82 -> 0.32 / 0.24); 1e-4 keeps it and lets RL refine it
+HP = {"group_size": 8, "groups_per_batch": 4, "micro_batch_size": 8, "lr": 1e-4, "temperature": 1.0, "clip": 0.2,
       "seed": 0}
 # torch intra-op threads, the same on both sides: roll_agent's engine and trainer threads get one
 # each (runtime.torch_threads=1), TRL's single process gets one. torch's default (one per core)
@@ -118,6 +126,12 @@ def final_train_reward(curve: list, share: float = 0.25) -> float:
     return sum(r for _, r in tail) / len(tail)
 
 
+def paired_difference(ours: dict[int, float], theirs: dict[int, float]) -> tuple[float, float]:
+    """Mean of ours - theirs over the same seeds, and its standard error."""
+    diffs = [ours[s] - theirs[s] for s in ours]
+    return mean(diffs), (stdev(diffs) / math.sqrt(len(diffs)) if len(diffs) > 1 else 0.0)
+
+
 def plot(results: dict, path: Path) -> None:
     import matplotlib
 
@@ -145,12 +159,16 @@ def main() -> None:
     ap.add_argument("--plot", default=str(ROOT / "docs" / "vs_trl.png"))
     ap.add_argument("--trl-threads", type=int, default=THREADS,
                     help="torch intra-op threads of the TRL process (0: torch's default, one per core)")
-    ap.add_argument("--eval-episodes", type=int, default=64, help="greedy held-out episodes per final model")
-    ap.add_argument("--sft-steps", type=int, default=SFT_STEPS, help="warm-start steps (32 demonstrations each)")
+    ap.add_argument("--eval-episodes", type=int, default=256, help="greedy held-out episodes per final model")
+    ap.add_argument("--sft-steps", type=int, nargs=2, default=None, metavar=("SINGLE", "MULTI"),
+                    help="warm-start steps per task (32 demonstrations each); default "
+                         f"{SFT_STEPS[tasks.SINGLE_TURN]} {SFT_STEPS[tasks.MULTI_TURN]}")
     ap.add_argument("--steps", type=int, nargs=2, default=None, metavar=("SINGLE", "MULTI"),
                     help="optimizer steps per run (32 trained samples each); default "
                          f"{SETTINGS[tasks.SINGLE_TURN]['steps']} {SETTINGS[tasks.MULTI_TURN]['steps']}")
+    ap.add_argument("--lr", type=float, default=HP["lr"], help="RL learning rate, both sides")
     args = ap.parse_args()
+    HP["lr"] = args.lr
     if args.steps:
         SETTINGS[tasks.SINGLE_TURN]["steps"], SETTINGS[tasks.MULTI_TURN]["steps"] = args.steps
     if not Path(args.trl_python).exists():
@@ -160,10 +178,11 @@ def main() -> None:
     results: dict = {}
     with tempfile.TemporaryDirectory(prefix="vs_trl_") as tmp:
         root = Path(tmp)
-        model, prompts = prepare_model(root, HP["seed"], args.sft_steps)
-        print(f"model ready ({time.perf_counter() - start:.0f} s)", flush=True)
+        sft_steps = dict(zip((tasks.SINGLE_TURN, tasks.MULTI_TURN), args.sft_steps)) if args.sft_steps else SFT_STEPS
+        models = prepare_models(root, HP["seed"], sft_steps)
+        print(f"models ready ({time.perf_counter() - start:.0f} s)", flush=True)
         for task in (tasks.SINGLE_TURN, tasks.MULTI_TURN):
-            probe_seed, probe_ids = prompts[task]
+            model, probe_seed, probe_ids = models[task]
             cfg = roll_agent_config(task, model, root / f"roll_agent-{task}", SETTINGS[task], len(probe_ids))
             ours = run_roll_agent(cfg)
             print(f"{task}: roll_agent {ours['seconds']:.1f} s", flush=True)
@@ -172,8 +191,11 @@ def main() -> None:
             if theirs["prompt_ids"] != probe_ids:
                 raise RuntimeError(f"{task}: TRL and roll_agent prompt the model differently; fix the task setup")
             seeds = [10_000_000 + i for i in range(args.eval_episodes)]
+            start_reward = mean(evaluate_model(task, model, seeds, cfg.rollout).values())  # the warm-start
             for res in (ours, theirs):
-                res["eval_reward"] = evaluate_model(task, res["model"], seeds, cfg.rollout)
+                res["start_reward"] = start_reward
+                res["eval_rewards"] = evaluate_model(task, res["model"], seeds, cfg.rollout)
+                res["eval_reward"] = mean(res["eval_rewards"].values())
                 res["train_reward"] = final_train_reward(res["curve"])
                 res["samples_per_s"] = res["samples"] / res["seconds"]
             results[task] = {"roll_agent": ours, "TRL": theirs}
@@ -181,17 +203,22 @@ def main() -> None:
 
 
 def report(results: dict, args, elapsed: float, load0: float) -> None:
-    rows, ratios = [], {}
+    rows, ratios, diffs = [], {}, {}
     for task, pair in results.items():
         for name, res in pair.items():
             rows.append((task, name, int(res["samples"]), res["seconds"], res["samples_per_s"], res["tool_calls"],
-                         res["tokens_per_sample"], res["train_reward"], res["eval_reward"]))
+                         res["tokens_per_sample"], res["train_reward"], res["start_reward"], res["eval_reward"]))
         ours, theirs = pair["roll_agent"], pair["TRL"]
         ratios[task] = ours["samples_per_s"] / theirs["samples_per_s"]
+        diffs[task] = paired_difference(ours["eval_rewards"], theirs["eval_rewards"])
     print(f"\nsame checkpoint, G={HP['group_size']}, {HP['groups_per_batch']} groups/step, lr={HP['lr']}; "
           f"{elapsed:.0f} s in all; load average {load0:.1f} -> {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
     print(table(rows, ("task", "framework", "samples", "wall_s", "samples/s", "tool_calls/sample", "tokens/sample",
-                       "train_reward", "eval_reward")))
+                       "train_reward", "start_eval_reward", "eval_reward")))
+    for task, (diff, se) in diffs.items():
+        verdict = "equal or better" if diff >= -2 * se else "worse"
+        print(f"{task}: final reward roll_agent - TRL = {diff:+.3f} (paired over {args.eval_episodes} seeds, "
+              f"standard error {se:.3f}): {verdict} at 2 standard errors")
     plot(results, Path(args.plot))
     print(f"plot: {args.plot}")
     st, mt = results[tasks.SINGLE_TURN], results[tasks.MULTI_TURN]
@@ -199,6 +226,9 @@ def report(results: dict, args, elapsed: float, load0: float) -> None:
         single_turn_ratio=ratios[tasks.SINGLE_TURN], multi_turn_ratio=ratios[tasks.MULTI_TURN],
         st_reward_roll=st["roll_agent"]["eval_reward"], st_reward_trl=st["TRL"]["eval_reward"],
         mt_reward_roll=mt["roll_agent"]["eval_reward"], mt_reward_trl=mt["TRL"]["eval_reward"],
+        st_reward_start=st["TRL"]["start_reward"], mt_reward_start=mt["TRL"]["start_reward"],
+        st_reward_diff=diffs[tasks.SINGLE_TURN][0], st_reward_diff_se=diffs[tasks.SINGLE_TURN][1],
+        mt_reward_diff=diffs[tasks.MULTI_TURN][0], mt_reward_diff_se=diffs[tasks.MULTI_TURN][1],
         st_sps_roll=st["roll_agent"]["samples_per_s"], st_sps_trl=st["TRL"]["samples_per_s"],
         st_tokens_roll=st["roll_agent"]["tokens_per_sample"], st_tokens_trl=st["TRL"]["tokens_per_sample"],
         mt_sps_roll=mt["roll_agent"]["samples_per_s"], mt_sps_trl=mt["TRL"]["samples_per_s"],

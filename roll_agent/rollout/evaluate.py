@@ -10,7 +10,13 @@ from roll_agent.types import Trajectory
 
 
 async def evaluate(managers: list[EnvManager], seeds: list[int]) -> dict[str, float]:
-    """Play one greedy episode per seed on each env tag the managers cover."""
+    """Play one greedy episode per seed on each env tag the managers cover; their summary."""
+    results = await play_greedy(managers, seeds)
+    return summarize(results, prefix="eval_", per_tag=len({m.tag for m in managers}) > 1)
+
+
+async def play_greedy(managers: list[EnvManager], seeds: list[int]) -> list[Trajectory]:
+    """One greedy episode per seed on each env tag the managers cover (managers of a tag share the seeds)."""
     by_tag: dict[str, list[EnvManager]] = defaultdict(list)
     for manager in managers:
         by_tag[manager.tag].append(manager)
@@ -28,7 +34,7 @@ async def evaluate(managers: list[EnvManager], seeds: list[int]) -> dict[str, fl
             queue.put_nowait(seed)
         jobs += [worker(m, queue) for m in group]
     await asyncio.gather(*jobs)
-    return summarize(results, prefix="eval_", per_tag=len(by_tag) > 1)
+    return results
 
 
 def summarize(trajs: list[Trajectory], prefix: str = "", per_tag: bool = False) -> dict[str, float]:

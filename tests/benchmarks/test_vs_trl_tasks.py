@@ -2,6 +2,7 @@
 
 import asyncio
 
+import pytest
 from transformers.utils import get_json_schema
 
 from benchmarks.vs_trl import tasks
@@ -61,3 +62,11 @@ def test_tool_conversation_renders_as_roll_agent_frames_it(tokenizer, formatter)
     theirs = tokenizer.apply_chat_template(conversation, tools=info["tools"], tokenize=False,
                                            add_generation_prompt=True)
     assert tokenizer.decode(ours) == theirs
+
+
+def test_paired_difference_is_the_mean_gap_over_the_same_seeds_with_its_standard_error():
+    from benchmarks.vs_trl.run import paired_difference
+
+    diff, se = paired_difference({1: 1.0, 2: 0.5, 3: 0.0}, {3: 0.0, 1: 0.5, 2: 0.5})
+    assert diff == pytest.approx(0.5 / 3)  # per seed: 0.5, 0, 0
+    assert se == pytest.approx((((0.5 - 1 / 6) ** 2 + 2 * (1 / 6) ** 2) / 2) ** 0.5 / 3 ** 0.5)
