@@ -9,14 +9,15 @@ One invocation, one after the other on the same machine:
      starts from a policy that solves the task greedily but whose samples (temperature 1)
      still fail often; both frameworks load the task's checkpoint;
   2. single-turn task (`roll_agent/ReverseLetters-v0`, reward = share of letters right):
-     roll_agent (async ratio 2, env-level async), then TRL (synchronous GRPOTrainer);
+     roll_agent (async ratio 2, env-level async), then TRL (synchronous GRPOTrainer), with
+     RL seeds 0-7 (8 runs a side: one run's final reward varies by about as much as the gap);
   3. multi-turn tool task (`roll_agent/ToolLatencyCalculator-v0`: the calculator is a tool
      that takes 100-500 ms, long-tailed, mean 200 ms): roll_agent with the env's async
-     step, then TRL through `environment_factory` with an async tool;
+     step, then TRL through `environment_factory` with an async tool (one run a side);
   4. evaluates the warm-start and every final model the same way (greedy, the same 256
-     held-out seeds, roll_agent's evaluator), compares the final rewards seed by seed (the
-     paired difference and its standard error), prints the table, writes docs/vs_trl.png and
-     a last line `RESULT ...`.
+     held-out seeds, roll_agent's evaluator), compares the final rewards of each pair of runs
+     (same RL seed) seed by seed and averages over the pairs (with the standard error between
+     pairs), prints the table, writes docs/vs_trl.png and a last line `RESULT ...`.
 
 Same for both: checkpoint and tokenizer, prompts (token ids checked equal), reward code,
 trained samples (steps x groups x group size), group size, batch, micro-batch, learning
@@ -65,16 +66,28 @@ HP = {"group_size": 8, "groups_per_batch": 4, "micro_batch_size": 8, "lr": 1e-4,
 THREADS = 1
 SETTINGS = {  # steps: optimizer steps (x 32 trained samples); max_tokens: per completion
     # single-turn steps take ~0.1-0.25 s: 40 of them, so the first (cold, nothing to overlap) and
-    # the machine's noise weigh less on both sides than in the 20 steps measured before
-    tasks.SINGLE_TURN: {"steps": 40, "max_tokens": 16, "max_turns": 1},
-    tasks.MULTI_TURN: {"steps": 12, "max_tokens": 96, "max_turns": 3},
+    # the machine's noise weigh less on both sides than in the 20 steps measured before.
+    # runs: training runs per framework, RL seeds 0..runs-1 (the same checkpoint). One run's final
+    # single-turn reward varies by ~0.005 (ours, seed 0: 0.930-0.950 over 11 runs; TRL, seeds 0-7:
+    # 0.939-0.958), as much as the gap to measure, so the single-turn task is run with 8 seeds
+    # and compared pair by pair. A single-turn run takes ~30 s a side with its evaluation, a
+    # multi-turn one ~100 s on TRL's side.
+    tasks.SINGLE_TURN: {"steps": 40, "max_tokens": 16, "max_turns": 1, "runs": 8},
+    tasks.MULTI_TURN: {"steps": 12, "max_tokens": 96, "max_turns": 3, "runs": 1},
 }
 
 
-def roll_agent_config(task: str, model: str, out: Path, setting: dict, prompt_len: int) -> Config:
+def roll_agent_config(task: str, model: str, out: Path, setting: dict, prompt_len: int, seed: int) -> Config:
+    # As many env groups as a batch takes: no group-level redundancy. With more (6 for 4-group
+    # batches, used before) training outpaced generation here, the groups beyond the async
+    # window were dropped as stale, and those are the slowest to finish: the hardest tasks
+    # (single-turn, 8 seeds: 6-letter words trained 73% as often as they were drawn, 3-letter
+    # ones 97%), which cost ~0.3 points of final reward against TRL's uniform data. With 4
+    # none is dropped and samples/s is the same (single-turn 311-383 vs 326-383; multi-turn 39 vs 40).
     cfg = load_config(None, [
-        f"output_dir={out}", f"max_steps={setting['steps']}", f"seed={HP['seed']}", f"model.path={model}",
-        "rollout.async_ratio=2", "rollout.num_env_groups=6", f"rollout.groups_per_batch={HP['groups_per_batch']}",
+        f"output_dir={out}", f"max_steps={setting['steps']}", f"seed={seed}", f"model.path={model}",
+        "rollout.async_ratio=2", f"rollout.num_env_groups={HP['groups_per_batch']}",
+        f"rollout.groups_per_batch={HP['groups_per_batch']}",
         f"rollout.group_size={HP['group_size']}", "rollout.group_size_redundancy=1",
         f"rollout.max_turns={setting['max_turns']}", f"rollout.max_new_tokens={setting['max_tokens']}",
         # like TRL's max_completion_length: a cap per turn and on the whole completion (tool results included)
@@ -106,10 +119,10 @@ def run_roll_agent(cfg: Config) -> dict:
             "tokens_per_sample": sum(r["train_tokens"] for r in rows) / sum(r["episodes"] for r in rows)}
 
 
-def run_trl(task: str, model: str, root: Path, python: str, probe_seed: int, threads: int) -> dict:
-    out = root / f"trl-{task}"
+def run_trl(task: str, model: str, root: Path, python: str, probe_seed: int, threads: int, seed: int) -> dict:
+    out = root / f"trl-{task}-{seed}"
     out.mkdir(parents=True, exist_ok=True)
-    spec = {"task": task, "model": model, "out": str(out), "hp": HP, "probe_seed": probe_seed,
+    spec = {"task": task, "model": model, "out": str(out), "hp": {**HP, "seed": seed}, "probe_seed": probe_seed,
             "torch_threads": threads, **SETTINGS[task]}
     (out / "spec.json").write_text(json.dumps(spec))
     env = dict(os.environ, PYTHONPATH=str(ROOT), TOKENIZERS_PARALLELISM="false")
@@ -120,16 +133,38 @@ def run_trl(task: str, model: str, root: Path, python: str, probe_seed: int, thr
     return json.loads((out / "result.json").read_text())
 
 
-def final_train_reward(curve: list, share: float = 0.25) -> float:
-    """Mean batch reward of the last quarter of the steps (sampled, as trained)."""
-    tail = curve[-max(1, round(len(curve) * share)):]
-    return sum(r for _, r in tail) / len(tail)
+def train_reward(curve: list) -> float:
+    """Mean batch reward over all steps (sampled, as trained). Over the whole run both sides
+    train on the same tasks (the RL seed draws them: `tasks.train_seeds`), TRL in a shuffled
+    order; with 4 tasks a step, a part of the run (its last quarter, shown before) compares
+    different tasks, whose difficulty differs more than the two frameworks do."""
+    return sum(r for _, r in curve) / len(curve)
 
 
 def paired_difference(ours: dict[int, float], theirs: dict[int, float]) -> tuple[float, float]:
     """Mean of ours - theirs over the same seeds, and its standard error."""
     diffs = [ours[s] - theirs[s] for s in ours]
     return mean(diffs), (stdev(diffs) / math.sqrt(len(diffs)) if len(diffs) > 1 else 0.0)
+
+
+def reward_difference(ours: list[dict], theirs: list[dict]) -> tuple[float, float]:
+    """Final reward, ours - theirs: each pair of runs (same RL seed) compared over the same eval
+    seeds, then averaged over the pairs. The standard error is the spread between pairs (which
+    holds the runs' own luck, the larger part); with one pair, the spread over eval seeds."""
+    pairs = [paired_difference(a["eval_rewards"], b["eval_rewards"]) for a, b in zip(ours, theirs, strict=True)]
+    if len(pairs) == 1:
+        return pairs[0]
+    diffs = [d for d, _ in pairs]
+    return mean(diffs), stdev(diffs) / math.sqrt(len(diffs))
+
+
+def combine(runs: list[dict]) -> dict:
+    """One framework's runs of a task as one row: samples and seconds summed, the rest averaged."""
+    out = {key: mean(r[key] for r in runs) for key in
+           ("tool_calls", "tokens_per_sample", "train_reward", "start_reward", "eval_reward")}
+    out.update(samples=sum(r["samples"] for r in runs), seconds=sum(r["seconds"] for r in runs), runs=runs)
+    out["samples_per_s"] = out["samples"] / out["seconds"]
+    return out
 
 
 def plot(results: dict, path: Path) -> None:
@@ -141,8 +176,11 @@ def plot(results: dict, path: Path) -> None:
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
     for ax, task in zip(axes, (tasks.SINGLE_TURN, tasks.MULTI_TURN)):
         for name, style in (("roll_agent", "-o"), ("TRL", "-s")):
-            curve = results[task][name]["curve"]
-            ax.plot([t for t, _ in curve], [r for _, r in curve], style, ms=3, label=name)
+            curves = [run["curve"] for run in results[task][name]["runs"]]
+            steps = min(len(c) for c in curves)  # step by step, the mean over the RL seeds
+            ax.plot([mean(c[i][0] for c in curves) for i in range(steps)],
+                    [mean(c[i][1] for c in curves) for i in range(steps)], style, ms=3,
+                    label=f"{name} ({len(curves)} run{'s' if len(curves) > 1 else ''})")
         ax.set(title=task.replace("_", "-"), xlabel="wall-clock (s)", ylabel="batch reward (mean)")
         ax.grid(alpha=0.3)
         ax.legend()
@@ -166,9 +204,14 @@ def main() -> None:
     ap.add_argument("--steps", type=int, nargs=2, default=None, metavar=("SINGLE", "MULTI"),
                     help="optimizer steps per run (32 trained samples each); default "
                          f"{SETTINGS[tasks.SINGLE_TURN]['steps']} {SETTINGS[tasks.MULTI_TURN]['steps']}")
+    ap.add_argument("--runs", type=int, nargs=2, default=None, metavar=("SINGLE", "MULTI"),
+                    help="training runs per framework (RL seeds 0..N-1); default "
+                         f"{SETTINGS[tasks.SINGLE_TURN]['runs']} {SETTINGS[tasks.MULTI_TURN]['runs']}")
     ap.add_argument("--lr", type=float, default=HP["lr"], help="RL learning rate, both sides")
     args = ap.parse_args()
     HP["lr"] = args.lr
+    if args.runs:
+        SETTINGS[tasks.SINGLE_TURN]["runs"], SETTINGS[tasks.MULTI_TURN]["runs"] = args.runs
     if args.steps:
         SETTINGS[tasks.SINGLE_TURN]["steps"], SETTINGS[tasks.MULTI_TURN]["steps"] = args.steps
     if not Path(args.trl_python).exists():
@@ -181,44 +224,54 @@ def main() -> None:
         sft_steps = dict(zip((tasks.SINGLE_TURN, tasks.MULTI_TURN), args.sft_steps)) if args.sft_steps else SFT_STEPS
         models = prepare_models(root, HP["seed"], sft_steps)
         print(f"models ready ({time.perf_counter() - start:.0f} s)", flush=True)
+        eval_seeds = [10_000_000 + i for i in range(args.eval_episodes)]
         for task in (tasks.SINGLE_TURN, tasks.MULTI_TURN):
             model, probe_seed, probe_ids = models[task]
-            cfg = roll_agent_config(task, model, root / f"roll_agent-{task}", SETTINGS[task], len(probe_ids))
-            ours = run_roll_agent(cfg)
-            print(f"{task}: roll_agent {ours['seconds']:.1f} s", flush=True)
-            theirs = run_trl(task, model, root, args.trl_python, probe_seed, args.trl_threads)
-            print(f"{task}: TRL {theirs['seconds']:.1f} s", flush=True)
-            if theirs["prompt_ids"] != probe_ids:
-                raise RuntimeError(f"{task}: TRL and roll_agent prompt the model differently; fix the task setup")
-            seeds = [10_000_000 + i for i in range(args.eval_episodes)]
-            start_reward = mean(evaluate_model(task, model, seeds, cfg.rollout).values())  # the warm-start
-            for res in (ours, theirs):
-                res["start_reward"] = start_reward
-                res["eval_rewards"] = evaluate_model(task, res["model"], seeds, cfg.rollout)
-                res["eval_reward"] = mean(res["eval_rewards"].values())
-                res["train_reward"] = final_train_reward(res["curve"])
-                res["samples_per_s"] = res["samples"] / res["seconds"]
-            results[task] = {"roll_agent": ours, "TRL": theirs}
+            runs: dict[str, list[dict]] = {"roll_agent": [], "TRL": []}
+            start_reward = None
+            for seed in range(SETTINGS[task]["runs"]):
+                cfg = roll_agent_config(task, model, root / f"roll_agent-{task}-{seed}", SETTINGS[task],
+                                        len(probe_ids), seed)
+                ours = run_roll_agent(cfg)
+                theirs = run_trl(task, model, root, args.trl_python, probe_seed, args.trl_threads, seed)
+                print(f"{task} seed {seed}: roll_agent {ours['seconds']:.1f} s, TRL {theirs['seconds']:.1f} s", flush=True)
+                if theirs["prompt_ids"] != probe_ids:
+                    raise RuntimeError(f"{task}: TRL and roll_agent prompt the model differently; fix the task setup")
+                if start_reward is None:  # the warm-start, evaluated once
+                    start_reward = mean(evaluate_model(task, model, eval_seeds, cfg.rollout).values())
+                for name, res in (("roll_agent", ours), ("TRL", theirs)):
+                    res["start_reward"] = start_reward
+                    res["eval_rewards"] = evaluate_model(task, res["model"], eval_seeds, cfg.rollout)
+                    res["eval_reward"] = mean(res["eval_rewards"].values())
+                    res["train_reward"] = train_reward(res["curve"])
+                    runs[name].append(res)
+            results[task] = {name: combine(rs) for name, rs in runs.items()}
+            results[task]["difference"] = reward_difference(runs["roll_agent"], runs["TRL"])
     report(results, args, time.perf_counter() - start, load0)
 
 
 def report(results: dict, args, elapsed: float, load0: float) -> None:
     rows, ratios, diffs = [], {}, {}
     for task, pair in results.items():
-        for name, res in pair.items():
-            rows.append((task, name, int(res["samples"]), res["seconds"], res["samples_per_s"], res["tool_calls"],
-                         res["tokens_per_sample"], res["train_reward"], res["start_reward"], res["eval_reward"]))
-        ours, theirs = pair["roll_agent"], pair["TRL"]
-        ratios[task] = ours["samples_per_s"] / theirs["samples_per_s"]
-        diffs[task] = paired_difference(ours["eval_rewards"], theirs["eval_rewards"])
+        for name in ("roll_agent", "TRL"):
+            res = pair[name]
+            rows.append((task, name, len(res["runs"]), int(res["samples"]), res["seconds"], res["samples_per_s"],
+                         res["tool_calls"], res["tokens_per_sample"], res["train_reward"], res["start_reward"],
+                         res["eval_reward"]))
+        ratios[task] = pair["roll_agent"]["samples_per_s"] / pair["TRL"]["samples_per_s"]
+        diffs[task] = pair["difference"]
     print(f"\nsame checkpoint, G={HP['group_size']}, {HP['groups_per_batch']} groups/step, lr={HP['lr']}; "
           f"{elapsed:.0f} s in all; load average {load0:.1f} -> {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
-    print(table(rows, ("task", "framework", "samples", "wall_s", "samples/s", "tool_calls/sample", "tokens/sample",
-                       "train_reward", "start_eval_reward", "eval_reward")))
+    print(table(rows, ("task", "framework", "runs", "samples", "wall_s", "samples/s", "tool_calls/sample",
+                       "tokens/sample", "train_reward", "start_eval_reward", "eval_reward")))
     for task, (diff, se) in diffs.items():
+        per_run = {name: " ".join(f"{r['eval_reward']:.3f}" for r in results[task][name]["runs"])
+                   for name in ("roll_agent", "TRL")}
+        n = len(results[task]["TRL"]["runs"])
+        over = f"{n} seed pairs" if n > 1 else f"{args.eval_episodes} eval seeds"
         verdict = "equal or better" if diff >= -2 * se else "worse"
-        print(f"{task}: final reward roll_agent - TRL = {diff:+.3f} (paired over {args.eval_episodes} seeds, "
-              f"standard error {se:.3f}): {verdict} at 2 standard errors")
+        print(f"{task}: final reward per RL seed: roll_agent {per_run['roll_agent']}, TRL {per_run['TRL']}; "
+              f"roll_agent - TRL = {diff:+.3f} (standard error {se:.3f}, over {over}): {verdict} at 2 standard errors")
     plot(results, Path(args.plot))
     print(f"plot: {args.plot}")
     st, mt = results[tasks.SINGLE_TURN], results[tasks.MULTI_TURN]

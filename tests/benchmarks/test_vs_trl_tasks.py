@@ -70,3 +70,31 @@ def test_paired_difference_is_the_mean_gap_over_the_same_seeds_with_its_standard
     diff, se = paired_difference({1: 1.0, 2: 0.5, 3: 0.0}, {3: 0.0, 1: 0.5, 2: 0.5})
     assert diff == pytest.approx(0.5 / 3)  # per seed: 0.5, 0, 0
     assert se == pytest.approx((((0.5 - 1 / 6) ** 2 + 2 * (1 / 6) ** 2) / 2) ** 0.5 / 3 ** 0.5)
+
+
+def test_reward_difference_averages_seed_pairs_with_the_spread_between_pairs():
+    from benchmarks.vs_trl.run import paired_difference, reward_difference
+
+    ours = [{"eval_rewards": {1: 1.0, 2: 0.5}}, {"eval_rewards": {1: 0.5, 2: 0.5}}, {"eval_rewards": {1: 1.0, 2: 1.0}}]
+    theirs = [{"eval_rewards": {1: 0.5, 2: 0.5}}, {"eval_rewards": {2: 0.5, 1: 1.0}}, {"eval_rewards": {1: 1.0, 2: 1.0}}]
+    diff, se = reward_difference(ours, theirs)
+    pairs = [0.25, -0.25, 0.0]  # each pair's mean gap over the eval seeds
+    assert diff == pytest.approx(0.0)
+    assert se == pytest.approx((sum(d * d for d in pairs) / 2) ** 0.5 / 3 ** 0.5)
+    # one pair: the eval seeds' spread, as paired_difference gives it
+    assert reward_difference(ours[:1], theirs[:1]) == paired_difference(ours[0]["eval_rewards"], theirs[0]["eval_rewards"])
+    with pytest.raises(ValueError):
+        reward_difference(ours, theirs[:2])  # every run needs its partner
+
+
+def test_combine_sums_samples_and_seconds_and_averages_rewards():
+    from benchmarks.vs_trl.run import combine
+
+    runs = [{"samples": 100, "seconds": 2.0, "tool_calls": 1.0, "tokens_per_sample": 5.0, "train_reward": 0.5,
+             "start_reward": 0.9, "eval_reward": 0.92},
+            {"samples": 100, "seconds": 3.0, "tool_calls": 0.0, "tokens_per_sample": 7.0, "train_reward": 0.7,
+             "start_reward": 0.9, "eval_reward": 0.96}]
+    row = combine(runs)
+    assert row["samples_per_s"] == pytest.approx(200 / 5.0)  # not the mean of 50 and 33.3
+    assert row["eval_reward"] == pytest.approx(0.94) and row["tokens_per_sample"] == pytest.approx(6.0)
+    assert row["runs"] is runs

@@ -41,7 +41,8 @@ def test_narrowed_logits_equal_full_logits(tiny_model_dir, updates_per_batch, en
     for step in range(2):
         a = narrow.step(multi_turn_groups(step))
         b = full.step(multi_turn_groups(step))
-        for key in ("loss", "entropy", "is_weight_mean", "clip_frac", "kl", "grad_norm", "train_tokens"):
+        for key in ("loss", "entropy", "is_weight_mean", "logprob_diff_mean", "clip_frac", "kl", "grad_norm",
+                    "train_tokens"):
             assert a[key] == pytest.approx(b[key], rel=1e-4, abs=1e-6), key
     # Adam's g / sqrt(v) magnifies float rounding in the rarely-hit embedding rows: a step is lr = 1e-2
     for (name, p), (_, q) in zip(narrow.model.named_parameters(), full.model.named_parameters()):
@@ -108,3 +109,24 @@ def test_proximal_log_probs_line_up_across_micro_batches_with_other_starts(tiny_
         keep = batch["mask"] > 0
         assert keep.sum() == 10
         torch.testing.assert_close(stacked[keep], direct[keep], rtol=1e-5, atol=1e-5)
+
+
+def test_logprob_diff_is_the_mean_gap_between_trainer_and_sampler_per_trained_token(tiny_model_dir):
+    """On-policy samples (the sampler's log-probs are the trainer's own) read ~0; a sampler off
+    by 0.5 nats on every token reads 0.5: the metric that shows a weight sync that missed."""
+    trainer = TorchTrainer(tiny_model_dir, TrainerConfig(micro_batch_size=3, lr=1e-30), AlgorithmConfig(kl_coef=0.0),
+                           ModelConfig(), seed=3)
+
+    def groups(offset: float) -> list[Group]:
+        out = multi_turn_groups()
+        trajs = [t for g in out for t in g.trajectories]
+        with torch.no_grad():
+            batch = trainer._tensors(trajs)
+            logp, _ = trainer._forward(trainer.net, batch, with_entropy=False)
+        for row, t in zip(logp, trajs):  # row j scores token start + 1 + j
+            t.logprobs = [float(row[j - 1 - batch["start"]]) + offset if m else 0.0
+                          for j, m in enumerate(t.loss_mask)]
+        return out
+
+    assert trainer.step(groups(0.0))["logprob_diff_mean"] < 1e-5
+    assert trainer.step(groups(0.5))["logprob_diff_mean"] == pytest.approx(0.5, abs=1e-4)
