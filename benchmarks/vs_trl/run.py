@@ -68,7 +68,7 @@ SETTINGS = {  # steps: optimizer steps (x 32 trained samples); max_tokens: per c
     # single-turn steps take ~0.1-0.25 s: 40 of them, so the first (cold, nothing to overlap) and
     # the machine's noise weigh less on both sides than in the 20 steps measured before.
     # runs: training runs per framework, RL seeds 0..runs-1 (the same checkpoint). One run's final
-    # single-turn reward varies by ~0.005 (ours, seed 0: 0.930-0.950 over 11 runs; TRL, seeds 0-7:
+    # single-turn reward varies by ~0.005 (ours, seed 0: 0.927-0.950 over a dozen runs; TRL, seeds 0-7:
     # 0.939-0.958), as much as the gap to measure, so the single-turn task is run with 8 seeds
     # and compared pair by pair. A single-turn run takes ~30 s a side with its evaluation, a
     # multi-turn one ~100 s on TRL's side.
