@@ -159,7 +159,11 @@ class WatchdogConfig:
 @dataclass
 class RolloutConfig:
     async_ratio: int = 2
-    num_env_groups: int = 6  # groups running at once (more than a batch needs: group-level redundancy)
+    # groups running at once; more than groups_per_batch is group-level redundancy: a batch never
+    # waits for a straggler group, but when generation outpaces training the groups beyond the
+    # async window are dropped as stale, and those are the slowest (hardest) tasks. The default
+    # run measured 6 vs 4: the same learning (9 of 10 runs each), 73 s vs 60 s, 12% vs 0% dropped.
+    num_env_groups: int = 4
     groups_per_batch: int = 4
     group_size: int = 8
     group_size_redundancy: int = 1  # extra envs per group, cancelled when the group completes

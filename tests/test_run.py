@@ -129,3 +129,14 @@ def test_trainer_state_round_trips_exactly(tmp_path, tiny_model_dir):
     b.step(batch())
     for pa, pb in zip(a.model.parameters(), b.model.parameters()):
         assert torch.allclose(pa, pb, atol=1e-6)
+
+
+def test_stale_drop_warning_names_the_bias_and_the_fix_once_drops_are_many():
+    from roll_agent.controller import stale_drop_warning
+
+    assert stale_drop_warning({"episodes_total_started": 50, "episodes_total_stale_dropped": 40}) is None  # too early
+    assert stale_drop_warning({"episodes_total_started": 1000, "episodes_total_stale_dropped": 99}) is None
+    warning = stale_drop_warning({"episodes_total_started": 1764, "episodes_total_stale_dropped": 208})
+    assert warning.startswith("12% of the 1764 episodes")
+    assert "rollout.num_env_groups" in warning and "rollout.async_ratio" in warning
+    assert stale_drop_warning({}) is None  # a row without the accounting (evaluation rows)
