@@ -198,7 +198,8 @@ class PolicyTrainer:
             _add(sums, "is_weight_mean", float((diag["is_weight"] * mask).sum()))
             # |log pi_trainer - log mu_sampler| per trained token: ~1e-6 for on-policy samples when
             # the engines' weights equal the trainer's; grows with staleness or a sync that missed
-            _add(sums, "logprob_diff_mean", float(torch.where(mask > 0, (logp.detach() - batch["behav"]).abs(), 0.0).sum()))
+            gap = torch.where(mask > 0, (logp.detach() - batch["behav"]).abs(), 0.0)
+            _add(sums, "logprob_diff_mean", float(gap.sum()))
             _add(sums, "clip_frac", float((diag["clipped"] * mask).sum()))
             if kl is not None:
                 _add(sums, "kl", float(kl.sum()))
