@@ -161,7 +161,7 @@ def reward_difference(ours: list[dict], theirs: list[dict]) -> tuple[float, floa
 def combine(runs: list[dict]) -> dict:
     """One framework's runs of a task as one row: samples and seconds summed, the rest averaged."""
     out = {key: mean(r[key] for r in runs) for key in
-           ("tool_calls", "tokens_per_sample", "train_reward", "start_reward", "eval_reward")}
+           ("tool_calls", "tokens_per_sample", "train_reward", "eval_reward")}
     out.update(samples=sum(r["samples"] for r in runs), seconds=sum(r["seconds"] for r in runs), runs=runs)
     out["samples_per_s"] = out["samples"] / out["seconds"]
     return out
@@ -228,7 +228,8 @@ def main() -> None:
         for task in (tasks.SINGLE_TURN, tasks.MULTI_TURN):
             model, probe_seed, probe_ids = models[task]
             runs: dict[str, list[dict]] = {"roll_agent": [], "TRL": []}
-            start_reward = None
+            rollout_cfg = roll_agent_config(task, model, root / "eval", SETTINGS[task], len(probe_ids), 0).rollout
+            start_reward = mean(evaluate_model(task, model, eval_seeds, rollout_cfg).values())  # the warm-start
             for seed in range(SETTINGS[task]["runs"]):
                 cfg = roll_agent_config(task, model, root / f"roll_agent-{task}-{seed}", SETTINGS[task],
                                         len(probe_ids), seed)
@@ -237,16 +238,13 @@ def main() -> None:
                 print(f"{task} seed {seed}: roll_agent {ours['seconds']:.1f} s, TRL {theirs['seconds']:.1f} s", flush=True)
                 if theirs["prompt_ids"] != probe_ids:
                     raise RuntimeError(f"{task}: TRL and roll_agent prompt the model differently; fix the task setup")
-                if start_reward is None:  # the warm-start, evaluated once
-                    start_reward = mean(evaluate_model(task, model, eval_seeds, cfg.rollout).values())
                 for name, res in (("roll_agent", ours), ("TRL", theirs)):
-                    res["start_reward"] = start_reward
-                    res["eval_rewards"] = evaluate_model(task, res["model"], eval_seeds, cfg.rollout)
+                    res["eval_rewards"] = evaluate_model(task, res["model"], eval_seeds, rollout_cfg)
                     res["eval_reward"] = mean(res["eval_rewards"].values())
                     res["train_reward"] = train_reward(res["curve"])
                     runs[name].append(res)
             results[task] = {name: combine(rs) for name, rs in runs.items()}
-            results[task]["difference"] = reward_difference(runs["roll_agent"], runs["TRL"])
+            results[task].update(difference=reward_difference(runs["roll_agent"], runs["TRL"]), start_reward=start_reward)
     report(results, args, time.perf_counter() - start, load0)
 
 
@@ -256,7 +254,7 @@ def report(results: dict, args, elapsed: float, load0: float) -> None:
         for name in ("roll_agent", "TRL"):
             res = pair[name]
             rows.append((task, name, len(res["runs"]), int(res["samples"]), res["seconds"], res["samples_per_s"],
-                         res["tool_calls"], res["tokens_per_sample"], res["train_reward"], res["start_reward"],
+                         res["tool_calls"], res["tokens_per_sample"], res["train_reward"], pair["start_reward"],
                          res["eval_reward"]))
         ratios[task] = pair["roll_agent"]["samples_per_s"] / pair["TRL"]["samples_per_s"]
         diffs[task] = pair["difference"]
@@ -279,7 +277,7 @@ def report(results: dict, args, elapsed: float, load0: float) -> None:
         single_turn_ratio=ratios[tasks.SINGLE_TURN], multi_turn_ratio=ratios[tasks.MULTI_TURN],
         st_reward_roll=st["roll_agent"]["eval_reward"], st_reward_trl=st["TRL"]["eval_reward"],
         mt_reward_roll=mt["roll_agent"]["eval_reward"], mt_reward_trl=mt["TRL"]["eval_reward"],
-        st_reward_start=st["TRL"]["start_reward"], mt_reward_start=mt["TRL"]["start_reward"],
+        st_reward_start=st["start_reward"], mt_reward_start=mt["start_reward"],
         st_reward_diff=diffs[tasks.SINGLE_TURN][0], st_reward_diff_se=diffs[tasks.SINGLE_TURN][1],
         mt_reward_diff=diffs[tasks.MULTI_TURN][0], mt_reward_diff_se=diffs[tasks.MULTI_TURN][1],
         st_sps_roll=st["roll_agent"]["samples_per_s"], st_sps_trl=st["TRL"]["samples_per_s"],
