@@ -1,7 +1,7 @@
 """Trained samples/s of the local runtime against the Ray runtime, same config, side by side.
 
 Setting: the default run (tiny Qwen2 on the `hf` engine, GRPO on FrozenLake, async ratio
-2, 4 env groups of 8 + 1 redundant env, 4 groups per step), with warm-up, evaluation,
+2, 8 env groups of 8 + 1 redundant env, 8 groups per step), with warm-up, evaluation,
 checkpoints and logging off and runtime.torch_threads=1 for both runtimes (the local
 runtime's trainer and engine threads get one core each; under Ray each actor process
 gets one). Ray runs on a local cluster of `--cpus` CPUs started by the run (its ~10-20 s
