@@ -163,8 +163,8 @@ class RolloutConfig:
     # waits for a straggler group, but when generation outpaces training the groups beyond the
     # async window are dropped as stale, and those are the slowest (hardest) tasks. The default
     # run measured 6 vs 4 groups (4 per batch): the same learning (9 of 10 runs each), 73 s vs
-    # 60 s, 12% vs 0% dropped; and 8 per batch (8 groups) vs 4: every run of 10 on its plateau at
-    # the end vs 10 of 11 (more maps per gradient step, less map-specific noise), ~2.5 vs ~1.3 min.
+    # 60 s, 12% vs 0% dropped; and 8 per batch (8 groups) vs 4: 11 of 11 runs on the plateau at
+    # the end vs 11 of 12 (more maps per gradient step, less map-specific noise), ~2.5 vs ~1.3 min.
     num_env_groups: int = 8
     groups_per_batch: int = 8
     group_size: int = 8
