@@ -250,6 +250,10 @@ class DeepSpeedConfig:
 class TrainerConfig:
     type: str = "torch"  # torch | deepspeed
     lr: float = 1e-3
+    lr_schedule: str = "constant"  # constant | linear | cosine: lr per RL step, after the warmup
+    lr_warmup_steps: int = 0  # RL steps of linear warmup from lr / lr_warmup_steps up to lr
+    lr_decay_steps: int = 0  # linear/cosine reach min_lr_ratio * lr here; 0: the run's max_steps
+    min_lr_ratio: float = 0.0
     weight_decay: float = 0.0
     betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
     max_grad_norm: float = 1.0
@@ -263,7 +267,12 @@ class TrainerConfig:
     def __post_init__(self) -> None:
         _choice("trainer", "type", self.type, ("torch", "deepspeed"))
         _choice("trainer", "dtype", self.dtype, ("float32", "bfloat16"))
+        _choice("trainer", "lr_schedule", self.lr_schedule, ("constant", "linear", "cosine"))
         _positive("trainer", lr=self.lr, micro_batch_size=self.micro_batch_size, updates_per_batch=self.updates_per_batch)
+        if self.lr_warmup_steps < 0 or self.lr_decay_steps < 0 or not 0.0 <= self.min_lr_ratio <= 1.0:
+            raise ConfigError(f"trainer.lr_warmup_steps={self.lr_warmup_steps} and trainer.lr_decay_steps="
+                              f"{self.lr_decay_steps} must be >= 0, trainer.min_lr_ratio={self.min_lr_ratio} "
+                              "in [0, 1]")
 
 
 @dataclass

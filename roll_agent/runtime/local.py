@@ -3,6 +3,7 @@ optionally in a child process: `runtime.trainer_process`)."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 from roll_agent.config import Config, ConfigError
@@ -14,8 +15,10 @@ from roll_agent.train.weight_sync import InProcessSync
 
 
 def trainer_of(cfg: Config, model_path: str):
-    """The trainer of `cfg` (`trainer.type`; both runtimes build it here: in this process or in an actor)."""
-    return make_trainer(model_path, cfg.trainer, cfg.algorithm, cfg.model, cfg.rollout.temperature, seed=cfg.seed)
+    """The trainer of `cfg` (`trainer.type`; both runtimes build it here: in this process or in an actor).
+    Its lr schedule decays over the run's `max_steps` unless `trainer.lr_decay_steps` says otherwise."""
+    trainer_cfg = dataclasses.replace(cfg.trainer, lr_decay_steps=cfg.trainer.lr_decay_steps or cfg.max_steps)
+    return make_trainer(model_path, trainer_cfg, cfg.algorithm, cfg.model, cfg.rollout.temperature, seed=cfg.seed)
 
 
 class LocalRuntime:

@@ -16,9 +16,10 @@ from typing import Iterator
 import numpy as np
 import torch
 
-from roll_agent.config import AlgorithmConfig, ModelConfig, TrainerConfig
+from roll_agent.config import AlgorithmConfig, ConfigError, ModelConfig, TrainerConfig
 from roll_agent.modeling import logits_to_keep_kwargs, sync_parameters
 from roll_agent.train import algorithms as alg
+from roll_agent.train.lr_schedule import lr_at
 from roll_agent.types import Group, Trajectory
 
 
@@ -36,6 +37,9 @@ class PolicyTrainer:
 
     def __init__(self, cfg: TrainerConfig, algo: AlgorithmConfig, model_cfg: ModelConfig | None,
                  temperature: float, seed: int):
+        if cfg.lr_schedule != "constant" and cfg.lr_decay_steps == 0:
+            raise ConfigError(f"trainer.lr_schedule={cfg.lr_schedule} needs trainer.lr_decay_steps: a trainer built "
+                              "outside run.py (runtime.local.trainer_of) must be given its decay horizon")
         self.cfg = cfg
         self.algo = algo
         self.model_cfg = model_cfg or ModelConfig()
@@ -116,6 +120,9 @@ class PolicyTrainer:
     # ---- RL step -----------------------------------------------------------
     def step(self, groups: list[Group]) -> dict[str, float]:
         start = time.perf_counter()
+        lr = lr_at(self.cfg, self.version)
+        for group in self._param_groups():
+            group["lr"] = lr
         trajs = [t for g in groups for t in g.trajectories]
         rewards = torch.tensor([t.reward for t in trajs], dtype=torch.float32)
         gids = torch.tensor([g.group_id for g in groups for _ in g.trajectories])
@@ -132,7 +139,7 @@ class PolicyTrainer:
         tokens = sum(t.num_generated_tokens for t in trajs)
         n = max(sums.pop("_mask_tokens", 0.0), 1.0)
         metrics = {key: value / n for key, value in sums.items() if not key.startswith("_")}
-        metrics.update(grad_norm=sums["_grad_norm"] / k, skipped_updates=sums.get("_skipped_updates", 0.0),
+        metrics.update(lr=lr, grad_norm=sums["_grad_norm"] / k, skipped_updates=sums.get("_skipped_updates", 0.0),
                        train_tokens=float(tokens),
                        time_train_s=time.perf_counter() - start, advantage_abs_mean=float(adv.abs().mean()))
         metrics["train_tokens_per_s"] = tokens / max(metrics["time_train_s"], 1e-9)
@@ -228,9 +235,7 @@ class PolicyTrainer:
             nll = -(logp * batch["mask"]).sum()
             self._backward(nll / total)
             nll_sum += nll.item()
-        self._apply_gradients()
-        for group in self._param_groups():
-            group["lr"] = self.cfg.lr
+        self._apply_gradients()  # (the next RL step sets its own lr)
         return {"sft_nll": nll_sum / total}
 
     def reset_reference(self) -> None:
