@@ -51,12 +51,14 @@ def test_each_zero_stage_trains(tiny_model_dir, stage, extra):
 
 
 def test_zero2_update_equals_the_torch_trainer(tiny_model_dir):
-    """Same loss code, same AdamW: fp32 ZeRO and plain torch take the same two steps."""
-    algo = AlgorithmConfig()
-    ds = DeepSpeedTrainer(tiny_model_dir, _cfg(2), algo, ModelConfig())
-    plain = TorchTrainer(tiny_model_dir, TrainerConfig(lr=0.01, micro_batch_size=2), algo, ModelConfig())
-    for _ in range(2):
+    """Same loss code, same AdamW, same lr schedule (warmup: 0.005, then 0.01): fp32 ZeRO and
+    plain torch take the same two steps."""
+    algo, schedule = AlgorithmConfig(), {"lr_schedule": "linear", "lr_warmup_steps": 2, "lr_decay_steps": 4}
+    ds = DeepSpeedTrainer(tiny_model_dir, _cfg(2, **schedule), algo, ModelConfig())
+    plain = TorchTrainer(tiny_model_dir, TrainerConfig(lr=0.01, micro_batch_size=2, **schedule), algo, ModelConfig())
+    for lr in (0.005, 0.01):
         m_ds, m_plain = ds.step(tiny_batch()), plain.step(tiny_batch())
+        assert m_ds["lr"] == m_plain["lr"] == pytest.approx(lr)
         assert m_ds["loss"] == pytest.approx(m_plain["loss"], rel=1e-4, abs=1e-6)
         assert m_ds["grad_norm"] == pytest.approx(m_plain["grad_norm"], rel=1e-4)
     theirs = _weights(plain)
