@@ -41,6 +41,7 @@ from roll_agent.config import (  # noqa: E402
 from roll_agent.modeling import sync_parameters  # noqa: E402
 from roll_agent.proxy.engines.hf import HFEngine  # noqa: E402
 from roll_agent.tiny_model import build_tiny_model  # noqa: E402
+from roll_agent.train.trainer import make_trainer  # noqa: E402
 from roll_agent.train.weight_sync import InProcessSync  # noqa: E402
 from roll_agent.types import SamplingParams  # noqa: E402
 
@@ -48,34 +49,25 @@ CORPUS = ["Answer with any text. This env is simulated.", "task 123456 step 7", 
 VARIANTS = {"full": ModelConfig(), "lora": ModelConfig(lora=LoraConfig(enabled=True, r=8, alpha=16))}
 
 
-# ---- senders: (model path, model config) -> (model to perturb and read, named_weights) ----
-class TorchSender:
-    def __init__(self, path: str, cfg: ModelConfig):
-        from roll_agent.train.trainer import TorchTrainer
-
-        self.cfg, self.trainer = cfg, TorchTrainer(path, TrainerConfig(), AlgorithmConfig(kl_coef=0.0), cfg)
-        self.model = self.trainer.model
-        self.named_weights = self.trainer.named_weights
-
-    def gathered(self):
-        return contextlib.nullcontext()
+# ---- the sender: a real trainer of `trainer.type`, pushing its `named_weights` ----------
+TORCH = TrainerConfig()
+ZERO3 = TrainerConfig(type="deepspeed", deepspeed=DeepSpeedConfig(zero_stage=3))
 
 
-class DeepSpeedSender:
-    def __init__(self, path: str, cfg: ModelConfig):
-        from roll_agent.train.deepspeed_trainer import DeepSpeedTrainer
-
-        trainer_cfg = TrainerConfig(type="deepspeed", deepspeed=DeepSpeedConfig(zero_stage=3))
-        self.cfg, self.trainer = cfg, DeepSpeedTrainer(path, trainer_cfg, AlgorithmConfig(kl_coef=0.0), cfg)
-        self.model = self.trainer.model
-        self.named_weights = self.trainer.named_weights
+class Sender:
+    def __init__(self, path: str, cfg: ModelConfig, trainer_cfg: TrainerConfig):
+        self.trainer = make_trainer(path, trainer_cfg, AlgorithmConfig(kl_coef=0.0), cfg)
+        self.model, self.named_weights = self.trainer.model, self.trainer.named_weights
+        self.synced = [p for _, p in sync_parameters(self.model, cfg)]
+        self.zero3 = trainer_cfg.type == "deepspeed"
 
     def gathered(self):
         """ZeRO-3 parameters are partitioned: perturb them gathered (rank 0 modifies)."""
+        if not self.zero3:
+            return contextlib.nullcontext()
         import deepspeed
 
-        params = [p for _, p in sync_parameters(self.model, self.cfg)]
-        return deepspeed.zero.GatheredParameters(params, modifier_rank=0)
+        return deepspeed.zero.GatheredParameters(self.synced, modifier_rank=0)
 
 
 # ---- harness ---------------------------------------------------------------------
@@ -90,7 +82,7 @@ def build_model(root: Path, quick: bool) -> Path:
 def perturb(sender, step: int) -> None:
     gen = torch.Generator().manual_seed(step)
     with sender.gathered():
-        for _, p in sync_parameters(sender.model, sender.cfg):
+        for p in sender.synced:
             p.add_(torch.randn(p.shape, generator=gen).to(p.dtype) * 1e-3)
 
 
@@ -117,16 +109,16 @@ async def assert_vllm_matches(sender, engine, name: str) -> None:
 
 def make_paths(model_path: str, with_deepspeed: bool, with_vllm: bool) -> dict:
     """(sender, receiver) -> variant -> (sender object, engine)."""
-    paths = {("torch", "hf"): {v: (TorchSender(model_path, c), HFEngine(model_path, EngineConfig(), c))
+    paths = {("torch", "hf"): {v: (Sender(model_path, c, TORCH), HFEngine(model_path, EngineConfig(), c))
                                for v, c in VARIANTS.items()}}
     if with_deepspeed:
-        paths[("deepspeed", "hf")] = {v: (DeepSpeedSender(model_path, c), HFEngine(model_path, EngineConfig(), c))
+        paths[("deepspeed", "hf")] = {v: (Sender(model_path, c, ZERO3), HFEngine(model_path, EngineConfig(), c))
                                       for v, c in VARIANTS.items()}
     if with_vllm:
         from roll_agent.proxy.engines.vllm import VLLMEngine
 
         vcfg = EngineConfig(type="vllm", kv_cache_space_gib=0.5, max_batch_size=8)
-        paths[("torch", "vllm")] = {v: (TorchSender(model_path, c), VLLMEngine(model_path, vcfg, c))
+        paths[("torch", "vllm")] = {v: (Sender(model_path, c, TORCH), VLLMEngine(model_path, vcfg, c))
                                     for v, c in VARIANTS.items()}
     return paths
 
