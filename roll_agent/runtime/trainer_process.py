@@ -9,9 +9,11 @@ interface (`version`, `step`, `sft_step`, `reset_reference`, `save`, `load`, `na
 Weights: the child moves its synced parameters (all, or the LoRA adapters) into shared
 memory once and hands them over; the optimizer updates them in place, so a weight sync
 reads them with no copy between processes. The controller never syncs during a step
-(one call at a time), so a sync never reads weights mid-update. A child that dies
-fails the call that was waiting on it with its exit code; the child exits when its
-parent goes away (its pipe closes).
+(one call at a time), so a sync never reads weights mid-update.
+
+A child that dies fails the call waiting on it within a fraction of a second, with its
+exit code (`TrainerProcessError`), whoever else holds the pipe (`peer_pipe.PeerPipe`
+watches the process sentinel too); the child exits when its parent goes away.
 """
 
 from __future__ import annotations
@@ -21,10 +23,15 @@ import threading
 import traceback
 from pathlib import Path
 
+import multiprocessing
+
 import torch
 import torch.multiprocessing as mp
 
 from roll_agent.config import Config
+from roll_agent.runtime.peer_pipe import PeerGone, PeerPipe
+
+CLOSE_TIMEOUT_S = 10.0  # a child that does not answer `close` in this long is killed
 
 
 class TrainerProcessError(RuntimeError):
@@ -34,22 +41,31 @@ class TrainerProcessError(RuntimeError):
 class ProcessTrainer:
     def __init__(self, cfg: Config, model_path: str):
         ctx = mp.get_context("spawn")  # never fork: the parent runs threads (engines, env pools)
-        self._conn, child = ctx.Pipe()
+        conn, child = ctx.Pipe()
         self._proc = ctx.Process(target=_serve, args=(child, cfg, model_path), name="roll_agent-trainer", daemon=True)
         self._proc.start()
         child.close()
+        self._pipe = PeerPipe(conn, self._proc.sentinel)
         self._lock = threading.Lock()
-        self.version, self._weights = self._call("start")
+        try:
+            self.version, self._weights = self._call("start")
+        except BaseException:
+            self.close()
+            raise
 
-    def _call(self, method: str, *args):
+    def _call(self, method: str, *args, timeout: float | None = None):
+        """Send one call and wait for its answer (`timeout`: None where the call has no bound,
+        as a training step on a large model has none)."""
         with self._lock:
             try:
-                self._conn.send((method, args))
-                ok, value = self._conn.recv()
-            except (EOFError, OSError, BrokenPipeError):
+                self._pipe.send((method, args), timeout=timeout)
+                ok, value = self._pipe.recv(timeout=timeout)
+            except PeerGone:
                 self._proc.join(timeout=5)
                 raise TrainerProcessError(f"the trainer process died (exit code {self._proc.exitcode}) during "
                                           f"'{method}'; its error, if any, is in the log above") from None
+            except TimeoutError as e:
+                raise TrainerProcessError(f"the trainer process did not answer '{method}': {e}") from None
         if not ok:
             raise TrainerProcessError(f"the trainer failed in '{method}':\n{value}")
         return value
@@ -78,11 +94,11 @@ class ProcessTrainer:
     def close(self) -> None:
         if self._proc.is_alive():
             try:
-                self._call("close")
+                self._call("close", timeout=CLOSE_TIMEOUT_S)
             except TrainerProcessError:
                 pass
-        self._conn.close()
-        self._proc.join(timeout=10)
+        self._pipe.close()
+        self._proc.join(timeout=CLOSE_TIMEOUT_S)
         if self._proc.is_alive():
             self._proc.kill()
             self._proc.join()
@@ -95,11 +111,12 @@ def _serve(conn, cfg: Config, model_path: str) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C stops the parent, which closes this process
     if cfg.runtime.torch_threads:
         torch.set_num_threads(cfg.runtime.torch_threads)
+    pipe = PeerPipe(conn, multiprocessing.parent_process().sentinel)
     trainer = None
     while True:
         try:
-            method, args = conn.recv()
-        except (EOFError, OSError):  # the parent exited (or was killed)
+            method, args = pipe.recv()
+        except PeerGone:  # the parent exited (or was killed)
             return
         try:
             if method == "start":
@@ -117,10 +134,15 @@ def _serve(conn, cfg: Config, model_path: str) -> None:
             elif method == "load":
                 result = (trainer.load(*args), trainer.version)
             elif method == "close":
-                conn.send((True, None))
+                pipe.send((True, None))
                 return
             else:
                 raise ValueError(f"unknown trainer call '{method}'")
-            conn.send((True, result))
         except Exception:  # the caller re-raises it; the process goes on serving
-            conn.send((False, traceback.format_exc()))
+            result, ok = traceback.format_exc(), False
+        else:
+            ok = True
+        try:
+            pipe.send((ok, result))
+        except PeerGone:
+            return

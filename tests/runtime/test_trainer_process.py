@@ -1,8 +1,12 @@
 """The local runtime's trainer in a child process: same updates as in this process, weights
 shared with no copy, errors and a dead child reported, nothing left running."""
 
+import multiprocessing
 import os
+import pickle
 import signal
+import threading
+import time
 
 import pytest
 import torch
@@ -52,3 +56,106 @@ def test_a_dead_trainer_process_fails_the_waiting_call(cfg, tiny_model_dir):
     with pytest.raises(TrainerProcessError, match=r"died \(exit code -9\) during 'step'"):
         child.step(multi_turn_groups())
     child.close()
+
+
+def _kill_the_child_once_it_starts() -> threading.Thread:
+    def kill() -> None:
+        while True:
+            for proc in multiprocessing.active_children():
+                if proc.name == "roll_agent-trainer":
+                    os.kill(proc.pid, signal.SIGKILL)
+                    return
+            time.sleep(0.01)
+
+    thread = threading.Thread(target=kill, daemon=True)
+    thread.start()
+    return thread
+
+
+def _failure_after_kill(child: ProcessTrainer, call) -> tuple[BaseException | None, float]:
+    """Freeze the child, start `call` (it waits on the frozen child), SIGKILL the child;
+    returns what the call raised and how long after the kill it returned."""
+    os.kill(child._proc.pid, signal.SIGSTOP)
+    outcome: list = []
+
+    def waiting() -> None:
+        try:
+            call()
+            outcome.append(None)
+        except BaseException as e:  # noqa: BLE001 - the test inspects it
+            outcome.append(e)
+
+    thread = threading.Thread(target=waiting, daemon=True)
+    thread.start()
+    time.sleep(0.5)
+    assert thread.is_alive(), "the call returned while the child was frozen"
+    killed = time.monotonic()
+    os.kill(child._proc.pid, signal.SIGKILL)
+    thread.join(timeout=30)
+    assert not thread.is_alive(), "the call still waits 30 s after its child was killed"
+    return outcome[0], time.monotonic() - killed
+
+
+@pytest.fixture
+def forked_twins(monkeypatch):
+    """Each trainer child started here gets a twin: a process forked from this one while the
+    pipe to the child is open (as a library forks its worker pool at any moment), so it holds
+    a copy of the child's end of the pipe and outlives the child: the pipe stays open after
+    the child dies, and only a wait on the child itself can notice."""
+    from types import SimpleNamespace
+
+    from roll_agent.runtime import trainer_process
+
+    spawn, twins = trainer_process.mp.get_context("spawn"), []
+
+    class Context:
+        def __getattr__(self, name):
+            return getattr(spawn, name)
+
+        def Process(self, *args, **kwargs):  # noqa: N802 - multiprocessing's name
+            pid = os.fork()  # the pipe exists (made before the process): the twin holds both ends
+            if pid == 0:
+                time.sleep(600)
+                os._exit(0)
+            twins.append(pid)
+            return spawn.Process(*args, **kwargs)
+
+    monkeypatch.setattr(trainer_process, "mp", SimpleNamespace(get_context=lambda kind: Context()))
+    yield twins
+    for pid in twins:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)  # ~25 s here; the old pipe wait hung forever
+def test_a_killed_child_fails_every_waiting_call_within_seconds_beside_a_ray_cluster(cfg, tiny_model_dir, tmp_path,
+                                                                                     forked_twins):
+    """Other processes of this parent (a Ray cluster started here, a forked twin holding the
+    pipe) must not keep a call waiting on a dead child, at any call site."""
+    ray = pytest.importorskip("ray")
+    from tests.conftest import ray_cluster
+
+    big_batch = [g for seed in range(400) for g in multi_turn_groups(seed)]
+    assert len(pickle.dumps(big_batch)) > 1 << 20  # more than a pipe buffer holds: sent from a thread
+    calls = {"step": lambda c: c.step(multi_turn_groups()), "big step": lambda c: c.step(big_batch),
+             "save": lambda c: c.save(tmp_path / "ckpt", {}), "load": lambda c: c.load(tmp_path / "ckpt")}
+    with ray_cluster(tmp_path):
+        assert ray.is_initialized()
+        start = time.monotonic()
+        _kill_the_child_once_it_starts()
+        with pytest.raises(TrainerProcessError, match=r"died \(exit code -9\) during 'start'"):
+            ProcessTrainer(cfg, tiny_model_dir)
+        assert time.monotonic() - start < 120
+        for name, call in calls.items():
+            child = ProcessTrainer(cfg, tiny_model_dir)
+            if name == "load":
+                child.save(tmp_path / "ckpt", {})
+            try:
+                error, after = _failure_after_kill(child, lambda: call(child))
+            finally:
+                child.close()
+            assert isinstance(error, TrainerProcessError), (name, error)
+            assert "died (exit code -9)" in str(error), (name, error)
+            assert after < 10, f"{name}: the call failed {after:.1f}s after the kill"
+    assert len(forked_twins) == 1 + len(calls)
