@@ -39,4 +39,5 @@ fi
 if [ "$(id -u)" = 0 ] && docker info >/dev/null 2>&1; then
   .venv/bin/python -m sandboxes.build_image
 fi
-exec .venv/bin/python -m pytest -q "$@"
+# --durations: the 25 slowest tests (setup, call and teardown each) after the summary
+exec .venv/bin/python -m pytest -q --durations=25 "$@"
