@@ -12,6 +12,7 @@ import envs
 from roll_agent.metrics import read_rows
 from roll_agent.run import train
 from tests.conftest import run
+from tests.envs.conftest import GAMES_PER_ENV, TEXTWORLD_IDS
 from tests.test_run import small_cfg
 
 ROOT = Path(__file__).parent.parent.parent
@@ -20,10 +21,14 @@ IDS = envs.registered_ids()
 
 @pytest.mark.slow
 @pytest.mark.parametrize("env_id", IDS)
-def test_builtin_env_trains_two_steps(tmp_path, env_id):
+def test_builtin_env_trains_two_steps(tmp_path, env_id, request):
     if env_id == "roll_agent/SWE-v0":
         pytest.skip("needs a task dataset and its docker images: tests/swe/test_swe_training.py trains it")
-    cfg = small_cfg(tmp_path, f"envs=[{{id: '{env_id}'}}]")
+    kwargs = ""
+    if env_id in TEXTWORLD_IDS:  # games generated once for the run (the default would generate one per episode)
+        cache = request.getfixturevalue("textworld_games")
+        kwargs = f", kwargs: {{cache_dir: '{cache}', num_games: {GAMES_PER_ENV}}}"
+    cfg = small_cfg(tmp_path, f"envs=[{{id: '{env_id}'{kwargs}}}]")
     assert run(train(cfg), timeout=300) == 2
     rows = [r for r in read_rows(tmp_path / "metrics.jsonl") if "loss" in r]
     assert len(rows) == 2
