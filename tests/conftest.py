@@ -1,14 +1,63 @@
 import asyncio
+import contextlib
 import os
+import signal
+import sys
+import warnings
 from pathlib import Path
 
 import pytest
+import torch
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # the one real ALFWorld game shipped beside the repository (../shared/data/alfworld)
 _ALFWORLD = Path(__file__).resolve().parents[2] / "shared" / "data" / "alfworld"
 if _ALFWORLD.is_dir():
     os.environ.setdefault("ALFWORLD_DATA", str(_ALFWORLD))
+
+
+# -- process-wide state: every test leaves it as it found it, so no verdict depends on order --
+_TORCH_THREADS = torch.get_num_threads()
+_SIGNALS = [signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGCHLD, signal.SIGUSR1]  # not SIGALRM: pytest-timeout's
+
+
+@pytest.fixture(autouse=True)
+def _restore_process_state():
+    """Undo what a test (or the run it drove) changed process-wide: environment variables
+    (RANK, MASTER_ADDR, ROLL_AGENT_CACHE, ...), the working directory, torch's thread count,
+    signal handlers, and a Ray session left initialised by a failed test."""
+    environ, cwd = dict(os.environ), os.getcwd()
+    handlers = {sig: signal.getsignal(sig) for sig in _SIGNALS}
+    yield
+    ray = sys.modules.get("ray")
+    if ray is not None and ray.is_initialized():
+        warnings.warn("the test left Ray initialised: shut down here", stacklevel=1)
+        ray.shutdown()
+    os.environ.clear()
+    os.environ.update(environ)
+    os.chdir(cwd)
+    if torch.get_num_threads() != _TORCH_THREADS:
+        torch.set_num_threads(_TORCH_THREADS)
+    for sig, handler in handlers.items():
+        if signal.getsignal(sig) is not handler and handler is not None:
+            signal.signal(sig, handler)
+
+
+@contextlib.contextmanager
+def ray_cluster(temp_dir: Path, num_cpus: int = 2):
+    """A local Ray cluster of this test's own (temp dir and logs under `temp_dir`), shut down
+    when the block ends, also when it raised."""
+    import ray
+
+    from roll_agent.runtime.ray_runtime import _temp_dir
+
+    repo = str(Path(__file__).resolve().parents[1])
+    ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False, _temp_dir=_temp_dir(temp_dir),
+             runtime_env={"env_vars": {"PYTHONPATH": repo, "TOKENIZERS_PARALLELISM": "false"}})
+    try:
+        yield
+    finally:
+        ray.shutdown()
 
 
 @pytest.fixture(scope="session")
@@ -37,6 +86,9 @@ def tiny_model_dir(tmp_path_factory):
     return str(build_tiny_model(out, TinyModelConfig(vocab_size=400, hidden_size=64, intermediate_size=128), corpus))
 
 
+CANCEL_CLEANUP_S = 30.0  # how long a timed-out run gets to clean up after it is cancelled
+
+
 def run(coro, timeout: float = 60.0):
     """Run a coroutine with a hard timeout, so a deadlock fails the test (printing where
     every task waits) instead of hanging it."""
@@ -56,7 +108,10 @@ async def _guarded(coro, timeout: float):
         if other is not asyncio.current_task():
             other.print_stack(limit=6, file=stacks)
     print(stacks.getvalue(), file=sys.stderr)
+    # cancel it and let its cleanup run here (a Ray cluster shut down, threads joined), so
+    # what it started does not outlive this test and weigh on the next one
     task.cancel()
+    await asyncio.wait({task}, timeout=CANCEL_CLEANUP_S)
     raise TimeoutError(f"timed out after {timeout}s; task stacks printed to stderr")
 
 

@@ -32,6 +32,7 @@ def latest_checkpoint(out: Path) -> int | None:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1200)  # five starts of up to 120 s, then a run of up to 300 s
 def test_five_sigkills_then_resume_trains_every_sample_once(tmp_path):
     rng = random.Random(1234)
     cmd = [sys.executable, "-m", "roll_agent.run", *FAST, f"output_dir={tmp_path}"]

@@ -203,6 +203,7 @@ print("same")
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)  # the child's own bound is 600 s
 def test_envs_in_parallel_threads_play_as_one_alone(cache):
     # The env managers step envs from a thread pool. TextWorld's rule parser and jericho's
     # frotz keep process-global state: unguarded, parallel loads raised parser errors and
@@ -264,6 +265,7 @@ def test_generate_command_and_registered_ids(cache, capsys):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1300)  # two children of up to 600 s each
 def test_a_seed_makes_the_same_game_in_every_process(tmp_path):
     # tw-cooking's generator depends on the hash seed; generation runs with a fixed one.
     for run, hash_seed in (("a", "1"), ("b", "2")):

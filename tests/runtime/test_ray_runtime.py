@@ -37,6 +37,7 @@ def _ray_processes_of(out) -> list[int]:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)  # two runs of up to 300 s each
 def test_ray_run_trains_checkpoints_resumes_and_leaves_nothing_running(tmp_path):
     cfg = ray_cfg(tmp_path, "max_steps=2", "warmup.sft_steps=2", "warmup.episodes_per_step=2",
                   "checkpoint.every=1", "checkpoint.keep_last=5")
@@ -62,16 +63,20 @@ def test_ray_run_trains_checkpoints_resumes_and_leaves_nothing_running(tmp_path)
     assert _ray_processes_of(tmp_path) == []
 
 
-async def _first_step(out) -> None:
+async def _first_step(out, training: asyncio.Task) -> None:
+    """Wait for the run's first training step; a run that ended before it raises its own error."""
     path = out / "metrics.jsonl"
     while not (path.exists() and any("loss" in r for r in read_rows(path))):
+        if training.done():
+            training.result()
+            raise AssertionError("the run ended before its first step")
         await asyncio.sleep(0.2)
 
 
-async def _kill_busy_env_worker(out) -> tuple[int, int]:
+async def _kill_busy_env_worker(out, training) -> tuple[int, int]:
     """After the first training step, SIGKILL env worker 0 while it plays a group; returns
     its pid before and after Ray restarted it."""
-    await _first_step(out)
+    await _first_step(out, training)
     worker, buffer = ray.get_actor("env-worker-0"), ray.get_actor("buffer")
     while not (await buffer.snapshot.remote())["held"].get((0, 0)):
         await asyncio.sleep(0.05)
@@ -95,7 +100,7 @@ def test_killed_env_worker_is_restarted_and_the_run_reports_lost_episodes(tmp_pa
 
     async def scenario():
         training = asyncio.create_task(train(cfg))
-        killed = await _kill_busy_env_worker(tmp_path)
+        killed = await _kill_busy_env_worker(tmp_path, training)
         return await training, killed
 
     final, (old, new) = run(scenario(), timeout=300)
@@ -131,10 +136,10 @@ def test_ray_temp_dir_is_short_and_linked_from_a_long_output_dir(tmp_path):
         os.rmdir(temp)
 
 
-async def _kill_engine_after_first_step(out) -> dict:
+async def _kill_engine_after_first_step(out, training) -> dict:
     """SIGKILL the engine actor after the first training step; returns the proxy's stats
     once Ray restarted it and the proxy re-synced it."""
-    await _first_step(out)
+    await _first_step(out, training)
     engine, proxy = ray.get_actor("engine-0"), ray.get_actor("proxy")
     os.kill(await engine.ping.remote(), signal.SIGKILL)
     while not (stats := await proxy.stats.remote()).get("engine_restarts"):
@@ -148,7 +153,7 @@ def test_killed_engine_is_restarted_resynced_and_no_episode_is_lost(tmp_path):
 
     async def scenario():
         training = asyncio.create_task(train(cfg))
-        stats = await _kill_engine_after_first_step(tmp_path)
+        stats = await _kill_engine_after_first_step(tmp_path, training)
         return await training, stats
 
     final, stats = run(scenario(), timeout=300)
@@ -162,6 +167,7 @@ def test_killed_engine_is_restarted_resynced_and_no_episode_is_lost(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1200)  # the run's own bound is 900 s
 def test_default_config_on_ray_learns(tmp_path):
     """The learning criterion of the default run (greedy eval success on 64 held-out maps
     rises >= 25 points) on a local 2-CPU Ray cluster. The whole 40-step default run takes

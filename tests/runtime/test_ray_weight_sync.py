@@ -8,7 +8,7 @@ ray = pytest.importorskip("ray")
 from roll_agent.config import load_config  # noqa: E402
 from roll_agent.runtime.ray_hosts import BroadcastSync, ObjectStoreSync, RemoteEngine  # noqa: E402
 from roll_agent.runtime.ray_model_hosts import EngineHost, TrainerHost  # noqa: E402
-from tests.conftest import run  # noqa: E402
+from tests.conftest import ray_cluster, run  # noqa: E402
 
 
 def _checksum(host, which: str) -> float:
@@ -25,14 +25,10 @@ def _perturb(host) -> None:
             p.add_(torch.randn_like(p))
 
 
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory):
-    import os
-
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
-             _temp_dir=str(tmp_path_factory.mktemp("r")), runtime_env={"env_vars": {"PYTHONPATH": os.getcwd()}})
-    yield
-    ray.shutdown()
+@pytest.fixture
+def cluster(tmp_path):
+    with ray_cluster(tmp_path):
+        yield
 
 
 async def _sync_twice(cfg, model_dir: str, make_sync) -> list[tuple[float, list[float]]]:
