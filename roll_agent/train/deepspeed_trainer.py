@@ -48,6 +48,8 @@ def init_distributed(device: str) -> None:
 
     deepspeed = import_deepspeed(device)
     if dist.is_initialized():
+        if dist.get_world_size() == 1:  # a world of one lives as long as the process; DeepSpeed
+            _world_of_one_env()  # also reads its rank from the environment, which may have changed since
         return
     backend = "nccl" if device.startswith("cuda") else "gloo"
     if device.startswith("cuda"):
@@ -55,9 +57,13 @@ def init_distributed(device: str) -> None:
     if "MASTER_ADDR" not in os.environ:  # no launcher (they all set it): a world of one
         # it needs no rendezvous: an in-process store, so no TCP port can be taken by another
         # process between choosing it and binding it (Ray opens many)
-        os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1")
+        _world_of_one_env()
         dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
     deepspeed.init_distributed(dist_backend=backend, verbose=False)  # adopts a group already made
+
+
+def _world_of_one_env() -> None:
+    os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1")
 
 
 def ds_config(cfg: TrainerConfig) -> dict:
