@@ -45,15 +45,13 @@ def _restore_process_state():
 
 @contextlib.contextmanager
 def ray_cluster(temp_dir: Path, num_cpus: int = 2):
-    """A local Ray cluster of this test's own (temp dir and logs under `temp_dir`), shut down
-    when the block ends, also when it raised."""
+    """A local Ray cluster of this test's own (as the run starts one: temp dir and logs under
+    `temp_dir/ray`), shut down when the block ends, also when it raised."""
     import ray
 
-    from roll_agent.runtime.ray_runtime import _temp_dir
+    from roll_agent.runtime.ray_runtime import start_local_cluster
 
-    repo = str(Path(__file__).resolve().parents[1])
-    ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False, _temp_dir=_temp_dir(temp_dir),
-             runtime_env={"env_vars": {"PYTHONPATH": repo, "TOKENIZERS_PARALLELISM": "false"}})
+    start_local_cluster(temp_dir, num_cpus)
     try:
         yield
     finally:
@@ -97,7 +95,6 @@ def run(coro, timeout: float = 60.0):
 
 async def _guarded(coro, timeout: float):
     import io
-    import sys
 
     task = asyncio.ensure_future(coro)
     done, _ = await asyncio.wait({task}, timeout=timeout)

@@ -56,6 +56,16 @@ def _temp_dir(output_dir: Path) -> str:
     return short
 
 
+def start_local_cluster(output_dir: Path, num_cpus: int, num_gpus: int = 0) -> None:
+    """A Ray cluster on this machine, its temp dir and logs under `output_dir/ray`, whose
+    workers import this checkout's packages."""
+    here = str(Path(roll_agent.__file__).parent.parent)
+    path = os.pathsep.join(p for p in (here, os.environ.get("PYTHONPATH", "")) if p)
+    ray.init(num_cpus=num_cpus, num_gpus=num_gpus, include_dashboard=False, log_to_driver=False,
+             _temp_dir=_temp_dir(output_dir), namespace="roll_agent",
+             runtime_env={"env_vars": {"PYTHONPATH": path, "TOKENIZERS_PARALLELISM": "false"}})
+
+
 def _sync_type(cfg: Config) -> str:
     kind = cfg.weight_sync.type
     if kind == "inprocess":
@@ -86,17 +96,13 @@ class RayRuntime:
     # ---- cluster, placement ------------------------------------------------------
     async def __aenter__(self) -> "RayRuntime":
         rc = self.rc
-        here = str(Path(roll_agent.__file__).parent.parent)
         if rc.address:  # a running cluster: ship our packages to its workers
             import envs
 
             ray.init(address=rc.address, log_to_driver=False, namespace=f"roll_agent-{uuid.uuid4().hex[:8]}",
                      runtime_env={"py_modules": [str(Path(roll_agent.__file__).parent), str(Path(envs.__file__).parent)]})
         else:
-            path = os.pathsep.join(p for p in (here, os.environ.get("PYTHONPATH", "")) if p)
-            ray.init(num_cpus=rc.num_cpus or os.cpu_count(), num_gpus=rc.num_gpus, include_dashboard=False,
-                     log_to_driver=False, _temp_dir=_temp_dir(self.output_dir), namespace="roll_agent",
-                     runtime_env={"env_vars": {"PYTHONPATH": path, "TOKENIZERS_PARALLELISM": "false"}})
+            start_local_cluster(self.output_dir, rc.num_cpus or os.cpu_count(), rc.num_gpus)
             self.started_cluster = True
         try:
             await self._place()

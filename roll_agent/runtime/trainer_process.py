@@ -18,12 +18,11 @@ watches the process sentinel too); the child exits when its parent goes away.
 
 from __future__ import annotations
 
+import multiprocessing
 import signal
 import threading
 import traceback
 from pathlib import Path
-
-import multiprocessing
 
 import torch
 import torch.multiprocessing as mp
