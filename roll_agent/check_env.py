@@ -3,11 +3,18 @@
     python -m roll_agent.check_env roll_agent/FrozenLake-v0 size=8 is_slippery=true
     python -m roll_agent.check_env my_package.my_env:MyGame-v0
 
-The contract (DESIGN.md section 3): text observations and actions; `reset` gives
-`info["instructions"]`; any string is a legal `step` argument, and one that cannot be
-parsed is an *invalid action* (`info["invalid_action"]`, state unchanged); every step's
-info has `success` and `invalid_action`; seeded episodes are deterministic; `close()`
-may be called twice.
+What an env must do: text observations and actions (`spaces.Text`, printable ASCII
+accepted); any string is a legal `step` argument (one the env cannot parse must not
+raise); seeded episodes are deterministic; `close()` may be called twice.
+
+What roll_agent reads when an env offers it (a plain gymnasium env passes without it;
+each missing key is reported as a warning, `ContractWarning`):
+- `reset` info `instructions`: the task, put before the first observation;
+- step info `success` (bool): else an episode succeeded when its last reward is positive;
+- step info `invalid_action` (bool): an action the env could not parse, state unchanged;
+  without it no action counts as invalid (the checks on garbage actions only see that
+  stepping with them does not raise);
+- reset/step info `admissible_actions`, `tools`, and `env.unwrapped.expert_action()`.
 """
 
 from __future__ import annotations
@@ -15,6 +22,7 @@ from __future__ import annotations
 import argparse
 import numbers
 import sys
+import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -39,6 +47,14 @@ GARBAGE_ACTIONS = {
 MODEL_CHARS = frozenset(map(chr, range(32, 127))) | {"\n", "\t"}
 
 Step = tuple[str, float, bool, bool, dict]
+OPTIONAL_STEP_KEYS = {
+    "success": "success is taken to be a positive last reward",
+    "invalid_action": "no action counts as invalid (the invalid-action checks only see that stepping does not raise)",
+}
+
+
+class ContractWarning(UserWarning):
+    """An optional part of the text-env contract the env does not offer."""
 
 
 def _make(env_id: str, **kwargs: Any) -> gymnasium.Env:
@@ -101,9 +117,13 @@ def check_reset(env: gymnasium.Env) -> None:
     obs, info = env.reset(seed=SEED)
     _check_obs(env, obs, "reset")
     assert isinstance(info, dict), f"reset info must be a dict, got {type(info)}"
-    instructions = info.get("instructions")
+    if "instructions" not in info:
+        warnings.warn('reset info has no "instructions": the first prompt is the observation alone',
+                      ContractWarning, stacklevel=2)
+        return
+    instructions = info["instructions"]
     assert isinstance(instructions, str) and instructions.strip(), (
-        f'reset info["instructions"] must be a non-empty str, got {instructions!r}'
+        f'reset info["instructions"] must be a non-empty str when given, got {instructions!r}'
     )
 
 
@@ -112,7 +132,7 @@ def check_valid_actions(env: gymnasium.Env) -> None:
     for action in info.get("admissible_actions") or [_probe_action(env, info)]:
         env.reset(seed=SEED)
         _, _, _, _, step_info = _checked_step(env, action)
-        assert not step_info["invalid_action"], f"admissible action {action!r} was treated as invalid"
+        assert not step_info.get("invalid_action"), f"admissible action {action!r} was treated as invalid"
 
 
 def check_expert_action(env: gymnasium.Env) -> None:
@@ -122,7 +142,7 @@ def check_expert_action(env: gymnasium.Env) -> None:
     env.reset(seed=SEED)
     action = expert()
     assert isinstance(action, str), f"expert_action() must return a str, got {type(action)}"
-    assert not _checked_step(env, action)[4]["invalid_action"], f"expert action {action!r} is invalid"
+    assert not _checked_step(env, action)[4].get("invalid_action"), f"expert action {action!r} is invalid"
 
 
 def _free_text(env: gymnasium.Env) -> bool:
@@ -134,7 +154,7 @@ def check_garbage_actions(env: gymnasium.Env) -> None:
     for label, garbage in GARBAGE_ACTIONS.items():
         env.reset(seed=SEED)
         _, _, terminated, _, info = _checked_step(env, garbage)
-        if _free_text(env):
+        if _free_text(env) or "invalid_action" not in info:
             continue  # stepping with it must not raise; nothing is invalid
         assert info["invalid_action"] is True, f"{label} action {garbage[:40]!r} was not flagged invalid"
         assert not terminated, f"{label} action {garbage[:40]!r} ended the episode"
@@ -148,7 +168,8 @@ def check_invalid_keeps_state(env: gymnasium.Env) -> None:
     action = _probe_action(env, info)
     direct = _checked_step(env, action)
     env.reset(seed=SEED)
-    _checked_step(env, GARBAGE_ACTIONS["unknown word"])
+    if "invalid_action" not in _checked_step(env, GARBAGE_ACTIONS["unknown word"])[4]:
+        return  # the env does not say what is invalid: nothing to compare
     after_garbage = _checked_step(env, action)
     assert data_equivalence(direct[:3], after_garbage[:3]), (
         f"an invalid action changed the state: {action!r} then gives {after_garbage[:3]!r}, "
@@ -196,8 +217,11 @@ def _checked_step(env: gymnasium.Env, action: str) -> Step:
     for label, flag in (("terminated", terminated), ("truncated", truncated)):
         assert isinstance(flag, (bool, np.bool_)), f"{where} {label} must be a bool, got {flag!r}"
     assert isinstance(info, dict), f"{where} info must be a dict"
-    for key in ("success", "invalid_action"):
-        assert isinstance(info.get(key), bool), f'{where} info["{key}"] must be a bool, got {info.get(key)!r}'
+    for key, without in OPTIONAL_STEP_KEYS.items():
+        if key not in info:
+            warnings.warn(f'step info has no "{key}": {without}', ContractWarning, stacklevel=2)
+        else:
+            assert isinstance(info[key], (bool, np.bool_)), f'{where} info["{key}"] must be a bool, got {info[key]!r}'
     return result
 
 
@@ -249,13 +273,18 @@ def main(argv: list[str] | None = None) -> int:
         kwargs = parse_kwargs(args.kwargs)
     except ValueError as exc:
         parser.error(str(exc))
-    try:
-        for name in iter_checks(args.env_id, **kwargs):
-            print(f"PASS  {name}")
-    except AssertionError as exc:
-        print(f"FAIL  {exc}")
-        return 1
-    print(f"{args.env_id}: all checks passed")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", ContractWarning)
+        try:
+            for name in iter_checks(args.env_id, **kwargs):
+                print(f"PASS  {name}")
+        except AssertionError as exc:
+            print(f"FAIL  {exc}")
+            return 1
+    notes = dict.fromkeys(str(w.message) for w in caught if issubclass(w.category, ContractWarning))
+    for note in notes:
+        print(f"WARN  {note}")
+    print(f"{args.env_id}: all checks passed" + (f" ({len(notes)} warnings)" if notes else ""))
     return 0
 
 

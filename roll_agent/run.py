@@ -19,9 +19,30 @@ from roll_agent.config import Config, ConfigError, load_config, to_yaml
 from roll_agent.controller import AsyncController, Components
 from roll_agent.metrics import MetricsLogger, plot_curves
 from roll_agent.rollout.chat import ChatFormatter
+from roll_agent.rollout.envs import check_env_specs
 from roll_agent.runtime import open_runtime
 from roll_agent.tiny_model import build_tiny_model, env_corpus
 from roll_agent.train.warmup import run_warmup
+
+
+def check_startup(cfg: Config) -> None:
+    """What a user's config names must exist before any work: the envs (each made once) and the model."""
+    check_env_specs(cfg.envs)
+    path = cfg.model.path
+    if path and not Path(path, "config.json").is_file() and not _in_hub_cache(path):
+        where = "a directory without config.json" if Path(path).is_dir() else "not a directory"
+        raise ConfigError(f"model.path={path!r} is {where} and not a model in the local Hugging Face cache: "
+                          "point it at a transformers checkpoint (save_pretrained's output), or leave it "
+                          "empty for the tiny model built from the envs")
+
+
+def _in_hub_cache(name: str) -> bool:
+    from huggingface_hub import try_to_load_from_cache
+
+    try:
+        return isinstance(try_to_load_from_cache(name, "config.json"), str)
+    except ValueError:  # not a valid repo id either
+        return False
 
 
 def prepare_model(cfg: Config, out: Path) -> str:
@@ -35,6 +56,7 @@ def prepare_model(cfg: Config, out: Path) -> str:
 
 async def train(cfg: Config) -> int:
     transformers.utils.logging.disable_progress_bar()
+    check_startup(cfg)
     out = Path(cfg.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.yaml").write_text(to_yaml(cfg))

@@ -140,3 +140,18 @@ def test_stale_drop_warning_names_the_bias_and_the_fix_once_drops_are_many():
     assert warning.startswith("12% of the 1764 episodes")
     assert "rollout.num_env_groups" in warning and "rollout.async_ratio" in warning
     assert stale_drop_warning({}) is None  # a row without the accounting (evaluation rows)
+
+
+@pytest.mark.parametrize(("override", "named"), [
+    ("envs=[{id: roll_agent/FrozenLak-v0}]", "Did you mean 'roll_agent/FrozenLake-v0'?"),
+    ("envs=[{id: roll_agent/FrozenLake-v0, kwargs: {sizee: 4}}]", "Did you mean envs[0].kwargs.size?"),
+    ("model.path=/nonexistent/checkpoint", "model.path='/nonexistent/checkpoint' is not a directory"),
+])
+def test_a_misnamed_env_kwarg_or_model_path_exits_2_before_any_work(tmp_path, override, named):
+    cmd = [sys.executable, "-m", "roll_agent.run", *SMALL, f"output_dir={tmp_path}", override]
+    done = subprocess.run(cmd, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 2, done.stderr[-3000:]
+    assert done.stderr.startswith("config error: ") and named in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr
+    assert not (tmp_path / "base_model").exists()  # nothing was built

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import difflib
+import inspect
+import re
 
 import gymnasium
 
-from roll_agent.config import EnvSpec
+from roll_agent.config import ConfigError, EnvSpec
 
 
 def make_env(spec: EnvSpec) -> gymnasium.Env:
@@ -22,3 +24,29 @@ def make_env(spec: EnvSpec) -> gymnasium.Env:
             f"Cannot make env '{spec.id}': {exc}.{hint} A user env registers with "
             "gymnasium.register(...) in its own module and is named as 'module:Name-v0'."
         ) from exc
+
+
+def check_env_specs(specs: list[EnvSpec]) -> None:
+    """Make (and close) each configured env once, so that a misspelt id or kwarg, or a value
+    the env rejects, is a ConfigError naming `envs[i]` before any model is built."""
+    for i, spec in enumerate(specs):
+        try:
+            make_env(spec).close()
+        except Exception as exc:  # whatever the env's constructor raises
+            raise ConfigError(f"envs[{i}] (id {spec.id!r}, kwargs {dict(spec.kwargs)}) cannot be made: "
+                              f"{exc}{_kwarg_hint(i, spec, exc)}") from exc
+
+
+def _kwarg_hint(i: int, spec: EnvSpec, exc: Exception) -> str:
+    """For an unexpected keyword: the env's own parameters, the closest first."""
+    bad = re.search(r"unexpected keyword argument '(\w+)'", str(exc))
+    if not isinstance(exc, TypeError) or not bad:
+        return ""
+    try:
+        entry = gymnasium.spec(spec.id).entry_point
+        cls = gymnasium.envs.registration.load_env_creator(entry) if isinstance(entry, str) else entry
+        params = [n for n in inspect.signature(cls).parameters if n not in ("self", "args", "kwargs")]
+    except Exception:  # an entry point we cannot inspect: the message alone
+        return ""
+    close = difflib.get_close_matches(bad.group(1), params, n=1)
+    return (f". Did you mean envs[{i}].kwargs.{close[0]}?" if close else "") + f" {spec.id} takes {params}"

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import importlib.util
+import string
 
 import gymnasium
 import pytest
+from gymnasium import spaces
 
 from envs import BUILTIN_ENVS, registered_ids
 from envs.frozen_lake import FrozenLakeEnv
-from roll_agent.check_env import check_text_env, main, parse_kwargs
+from roll_agent.check_env import ContractWarning, check_text_env, main, parse_kwargs
 
 ALL_CHECKS = [
     "make",
@@ -38,10 +40,32 @@ class NoInstructions(FrozenLakeEnv):
         self.instructions = ""
 
 
+class GuessTheLetter(gymnasium.Env):
+    """A user's env written for gymnasium alone: text spaces, empty infos, reward 1 for the
+    right letter; nothing of roll_agent's optional info keys."""
+
+    def __init__(self):
+        charset = string.printable
+        self.observation_space = spaces.Text(max_length=200, charset=charset)
+        self.action_space = spaces.Text(max_length=10_000, min_length=0, charset=charset)
+        self.secret, self.tries = "a", 0
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.secret, self.tries = "abcdef"[int(self.np_random.integers(6))], 0
+        return "Guess a letter from a to f.", {}
+
+    def step(self, action):
+        self.tries += 1
+        right = action.strip().lower() == self.secret
+        return ("Right!" if right else "No."), float(right), right, self.tries >= 6, {}
+
+
 # Registered without a namespace so they stay out of registered_ids(); made through the
 # `module:Name-v0` form the checker accepts for a user's env.
 gymnasium.register(id="RaisesOnEmpty-v0", entry_point=f"{__name__}:RaisesOnEmpty")
 gymnasium.register(id="NoInstructions-v0", entry_point=f"{__name__}:NoInstructions")
+gymnasium.register(id="GuessTheLetter-v0", entry_point=f"{__name__}:GuessTheLetter")
 
 
 @pytest.mark.parametrize("env_id", registered_ids())
@@ -67,7 +91,7 @@ def test_kwargs_reach_the_env():
     ("env_name", "message"),
     [
         ("RaisesOnEmpty-v0", r"garbage actions are invalid: raised ValueError: empty action"),
-        ("NoInstructions-v0", r'reset and instructions: reset info\["instructions"\] must be a non-empty str'),
+        ("NoInstructions-v0", r'reset and instructions: reset info\["instructions"\] must be a non-empty str when'),
     ],
 )
 def test_broken_env_fails_with_a_clear_message(env_name, message):
@@ -99,3 +123,17 @@ def test_cli_prints_each_check_and_exit_status(capsys):
     assert out.splitlines()[-1] == "roll_agent/FrozenLake-v0: all checks passed"
     assert main([f"{__name__}:RaisesOnEmpty-v0"]) == 1
     assert "FAIL  garbage actions are invalid" in capsys.readouterr().out
+
+
+def test_a_plain_gymnasium_env_passes_with_warnings_for_the_optional_keys(capsys):
+    with pytest.warns(ContractWarning) as caught:
+        assert check_text_env(f"{__name__}:GuessTheLetter-v0") == ALL_CHECKS
+    messages = {str(w.message) for w in caught}
+    assert any('no "instructions"' in m for m in messages)
+    assert any('no "success": success is taken to be a positive last reward' in m for m in messages)
+    assert any('no "invalid_action"' in m for m in messages)
+    assert main([f"{__name__}:GuessTheLetter-v0"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    warned = [line for line in lines if line.startswith("WARN")]
+    assert len(warned) == 3 and set(warned) == {f"WARN  {m}" for m in messages}
+    assert lines[-1] == f"{__name__}:GuessTheLetter-v0: all checks passed (3 warnings)"
