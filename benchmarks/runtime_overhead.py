@@ -28,7 +28,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.common import result_line, table  # noqa: E402
 from roll_agent.config import Config, load_config  # noqa: E402
-from roll_agent.run import prepare_model, train  # noqa: E402
+from roll_agent.run import train  # noqa: E402
+from roll_agent.tiny_model import prepare_model  # noqa: E402
 
 RUNTIMES = ("local", "ray")
 

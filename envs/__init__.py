@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 import gymnasium
+import yaml
 
 # id -> (entry point, default kwargs)
 BUILTIN_ENVS: dict[str, tuple[str, dict[str, Any]]] = {
@@ -84,3 +85,14 @@ def registered_ids() -> list[str]:
 
 for _env_id, (_entry_point, _kwargs) in BUILTIN_ENVS.items():
     _register(_env_id, _entry_point, _kwargs)
+
+
+def parse_kwargs(pairs: list[str]) -> dict[str, Any]:
+    """`key=value` pairs, each value read as a YAML scalar (8, 0.5, true, null, text)."""
+    kwargs = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise ValueError(f"expected key=value, got {pair!r}")
+        kwargs[key] = yaml.safe_load(value)
+    return kwargs

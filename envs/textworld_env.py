@@ -415,7 +415,7 @@ def _seeds(spec: str) -> list[int]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from roll_agent.check_env import parse_kwargs
+    from envs import parse_kwargs
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="cmd", required=True)

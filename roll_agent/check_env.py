@@ -28,8 +28,9 @@ from typing import Any
 
 import gymnasium
 import numpy as np
-import yaml
 from gymnasium.utils.env_checker import check_env, data_equivalence
+
+from envs import parse_kwargs
 
 SEED = 123
 EPISODE_STEPS = 8
@@ -58,9 +59,8 @@ class ContractWarning(UserWarning):
 
 
 def _make(env_id: str, **kwargs: Any) -> gymnasium.Env:
-    """Make `env_id` as the rollout does; a `module:Name-v0` id imports `module` first."""
-    import envs  # noqa: F401  registers the built-in envs
-
+    """Make `env_id` as the rollout does (importing `envs` registered the built-ins); a
+    `module:Name-v0` id imports `module` first."""
     return gymnasium.make(env_id, disable_env_checker=True, **kwargs)
 
 
@@ -251,17 +251,6 @@ def _episode(env: gymnasium.Env) -> list[Step]:
 
 
 # -- command line -------------------------------------------------------------------------
-
-
-def parse_kwargs(pairs: list[str]) -> dict[str, Any]:
-    """`key=value` pairs, each value read as a YAML scalar (8, 0.5, true, null, text)."""
-    kwargs = {}
-    for pair in pairs:
-        key, sep, value = pair.partition("=")
-        if not sep or not key:
-            raise ValueError(f"expected key=value, got {pair!r}")
-        kwargs[key] = yaml.safe_load(value)
-    return kwargs
 
 
 def main(argv: list[str] | None = None) -> int:

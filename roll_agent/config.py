@@ -18,6 +18,12 @@ from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 
+# The algorithm names a config may choose; roll_agent/train/algorithms.py implements each.
+ADVANTAGE_ESTIMATORS = ("grpo", "rloo", "reinforce")
+POLICY_LOSSES = ("ppo", "tis", "cispo", "topr")
+AGGREGATIONS = ("token-mean", "seq-mean")
+
+
 class ConfigError(ValueError):
     """A configuration problem, with a message that names the fix."""
 
@@ -223,11 +229,9 @@ class AlgorithmConfig:
     aggregation: str = "seq-mean"  # per-episode means: multi-turn length does not bias stop tokens
 
     def __post_init__(self) -> None:
-        from roll_agent.train import algorithms as alg
-
-        _choice("algorithm", "advantage", self.advantage, alg.ADVANTAGE_ESTIMATORS)
-        _choice("algorithm", "loss", self.loss, alg.POLICY_LOSSES)
-        _choice("algorithm", "aggregation", self.aggregation, alg.AGGREGATIONS)
+        _choice("algorithm", "advantage", self.advantage, ADVANTAGE_ESTIMATORS)
+        _choice("algorithm", "loss", self.loss, POLICY_LOSSES)
+        _choice("algorithm", "aggregation", self.aggregation, AGGREGATIONS)
 
 
 @dataclass

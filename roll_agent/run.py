@@ -21,8 +21,8 @@ from roll_agent.metrics import MetricsLogger, plot_curves
 from roll_agent.rollout.chat import ChatFormatter
 from roll_agent.rollout.envs import check_env_specs
 from roll_agent.runtime import open_runtime
-from roll_agent.tiny_model import build_tiny_model, env_corpus
-from roll_agent.train.warmup import run_warmup
+from roll_agent.tiny_model import prepare_model
+from roll_agent.warmup import run_warmup
 
 
 def check_startup(cfg: Config) -> None:
@@ -43,15 +43,6 @@ def _in_hub_cache(name: str) -> bool:
         return isinstance(try_to_load_from_cache(name, "config.json"), str)
     except ValueError:  # not a valid repo id either
         return False
-
-
-def prepare_model(cfg: Config, out: Path) -> str:
-    """A user's checkpoint, or the tiny model built from the envs' own text."""
-    if cfg.model.path:
-        return cfg.model.path
-    corpus = lambda: env_corpus(cfg.envs, episodes_per_env=cfg.model.tiny.corpus_episodes, seed=cfg.seed)  # noqa: E731
-    key = [(s.id, s.kwargs) for s in cfg.envs]
-    return str(build_tiny_model(out / "base_model", cfg.model.tiny, corpus, seed=cfg.seed, key=key))
 
 
 async def train(cfg: Config) -> int:

@@ -133,7 +133,7 @@ def generate_predictions(policy: str, dataset: str, output_dir: str, *, instance
     from envs.swe.instance import load_instances
     from roll_agent.proxy.engines import make_engines
     from roll_agent.proxy.llm_proxy import LLMProxy
-    from roll_agent.run import prepare_model
+    from roll_agent.tiny_model import prepare_model
 
     cfg = policy_config(policy, overrides)
     out = Path(output_dir)

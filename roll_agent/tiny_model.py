@@ -18,7 +18,7 @@ import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedTokenizerFast
 
-from roll_agent.config import EnvSpec, TinyModelConfig
+from roll_agent.config import Config, EnvSpec, TinyModelConfig
 
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 # ChatML, plus tools in the Hermes / Qwen convention: the tool schemas are listed in the system
@@ -147,3 +147,12 @@ def build_tiny_model(out_dir: str | os.PathLike, cfg: TinyModelConfig, corpus: C
     tokenizer.save_pretrained(out)
     marker.write_text(json.dumps(fingerprint))
     return out
+
+
+def prepare_model(cfg: Config, out: Path) -> str:
+    """A user's checkpoint, or the tiny model built from the envs' own text."""
+    if cfg.model.path:
+        return cfg.model.path
+    corpus = lambda: env_corpus(cfg.envs, episodes_per_env=cfg.model.tiny.corpus_episodes, seed=cfg.seed)  # noqa: E731
+    key = [(s.id, s.kwargs) for s in cfg.envs]
+    return str(build_tiny_model(out / "base_model", cfg.model.tiny, corpus, seed=cfg.seed, key=key))

@@ -23,7 +23,7 @@ from roll_agent.rollout.evaluate import play_greedy
 from roll_agent.rollout.stack import build_rollout
 from roll_agent.tiny_model import build_tiny_model, env_corpus
 from roll_agent.train.trainer import TorchTrainer
-from roll_agent.train.warmup import run_warmup
+from roll_agent.warmup import run_warmup
 
 # Warm-start steps (32 demonstrations each, lr 1e-3) per task, measured with seed 0 (greedy
 # reward): the tool task jumps from 0.02-0.05 (up to 260 steps) to 0.67 at 300 and 0.97 at 400;

@@ -3,22 +3,14 @@ optionally in a child process: `runtime.trainer_process`)."""
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 
 from roll_agent.config import Config, ConfigError
 from roll_agent.proxy.engines import make_engines
 from roll_agent.rollout.chat import ChatFormatter
 from roll_agent.rollout.stack import RolloutStack, build_rollout
-from roll_agent.train.trainer import make_trainer
+from roll_agent.train.trainer import trainer_for_run
 from roll_agent.train.weight_sync import InProcessSync
-
-
-def trainer_of(cfg: Config, model_path: str):
-    """The trainer of `cfg` (`trainer.type`; both runtimes build it here: in this process or in an actor).
-    Its lr schedule decays over the run's `max_steps` unless `trainer.lr_decay_steps` says otherwise."""
-    trainer_cfg = dataclasses.replace(cfg.trainer, lr_decay_steps=cfg.trainer.lr_decay_steps or cfg.max_steps)
-    return make_trainer(model_path, trainer_cfg, cfg.algorithm, cfg.model, cfg.rollout.temperature, seed=cfg.seed)
 
 
 class LocalRuntime:
@@ -46,7 +38,7 @@ class LocalRuntime:
 
             self._process_trainer = ProcessTrainer(self.cfg, self.model_path)
             return self._process_trainer
-        return trainer_of(self.cfg, self.model_path)
+        return trainer_for_run(self.cfg, self.model_path)
 
     def make_rollout(self, formatter: ChatFormatter, version: int) -> RolloutStack:
         cfg = self.cfg

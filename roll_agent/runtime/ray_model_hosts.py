@@ -80,10 +80,10 @@ class TrainerHost:
     """A synchronous actor: Ray runs one call at a time, so a sync never reads weights mid-step."""
 
     def __init__(self, cfg: Config, model_path: str):
-        from roll_agent.runtime.local import trainer_of
+        from roll_agent.train.trainer import trainer_for_run
 
         _threads(cfg.runtime.torch_threads)
-        self.trainer = trainer_of(cfg, model_path)  # trainer.type=deepspeed: a world of one in this actor
+        self.trainer = trainer_for_run(cfg, model_path)  # trainer.type=deepspeed: a world of one in this actor
         self.device = cfg.trainer.device
 
     def version(self) -> int:

@@ -105,7 +105,7 @@ class ProcessTrainer:
 
 def _serve(conn, cfg: Config, model_path: str) -> None:
     """The child: build the trainer, then answer calls until `close` or the parent is gone."""
-    from roll_agent.runtime.local import trainer_of
+    from roll_agent.train.trainer import trainer_for_run
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C stops the parent, which closes this process
     if cfg.runtime.torch_threads:
@@ -119,7 +119,7 @@ def _serve(conn, cfg: Config, model_path: str) -> None:
             return
         try:
             if method == "start":
-                trainer = trainer_of(cfg, model_path)
+                trainer = trainer_for_run(cfg, model_path)
                 weights = [(name, t.share_memory_()) for name, t in trainer.named_weights()]
                 result = (trainer.version, weights)
             elif method == "step":

@@ -1,15 +1,14 @@
 """RL objective math for agent training: advantages, policy losses, KL, entropy, aggregation.
 
-Pure functions on torch tensors; no model or config code lives here.
+Pure functions on torch tensors; no model code lives here, and of the config only the
+names it validates (`algorithm.advantage`, `.loss`, `.aggregation`).
 """
 
 from __future__ import annotations
 
 import torch
 
-ADVANTAGE_ESTIMATORS = ("grpo", "rloo", "reinforce")
-POLICY_LOSSES = ("ppo", "tis", "cispo", "topr")
-AGGREGATIONS = ("token-mean", "seq-mean")
+from roll_agent.config import ADVANTAGE_ESTIMATORS, AGGREGATIONS, POLICY_LOSSES
 
 # exp() of a log-ratio above this overflows float32/bf16 on the way to the
 # clip; an inf there turns the (zero) gradient of the clipped branch into NaN.

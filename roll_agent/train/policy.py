@@ -39,7 +39,7 @@ class PolicyTrainer:
                  temperature: float, seed: int):
         if cfg.lr_schedule != "constant" and cfg.lr_decay_steps == 0:
             raise ConfigError(f"trainer.lr_schedule={cfg.lr_schedule} needs trainer.lr_decay_steps: a trainer built "
-                              "outside run.py (runtime.local.trainer_of) must be given its decay horizon")
+                              "outside run.py (train.trainer.trainer_for_run) must be given its decay horizon")
         self.cfg = cfg
         self.algo = algo
         self.model_cfg = model_cfg or ModelConfig()

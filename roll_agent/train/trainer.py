@@ -5,12 +5,13 @@ other backends (`roll_agent/train/policy.py`)."""
 from __future__ import annotations
 
 import copy
+import dataclasses
 from pathlib import Path
 
 import torch
 from transformers import AutoModelForCausalLM
 
-from roll_agent.config import AlgorithmConfig, ModelConfig, TrainerConfig
+from roll_agent.config import AlgorithmConfig, Config, ModelConfig, TrainerConfig
 from roll_agent.modeling import load_policy
 from roll_agent.train.policy import PolicyTrainer
 
@@ -78,3 +79,10 @@ def make_trainer(model_path: str, cfg: TrainerConfig, algo: AlgorithmConfig, mod
 
         return DeepSpeedTrainer(model_path, cfg, algo, model_cfg, temperature, seed)
     return TorchTrainer(model_path, cfg, algo, model_cfg, temperature, seed)
+
+
+def trainer_for_run(cfg: Config, model_path: str):
+    """The trainer of a run's config (every runtime builds it here: in this process, a child or an actor).
+    Its lr schedule decays over the run's `max_steps` unless `trainer.lr_decay_steps` says otherwise."""
+    trainer_cfg = dataclasses.replace(cfg.trainer, lr_decay_steps=cfg.trainer.lr_decay_steps or cfg.max_steps)
+    return make_trainer(model_path, trainer_cfg, cfg.algorithm, cfg.model, cfg.rollout.temperature, seed=cfg.seed)

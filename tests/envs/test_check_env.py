@@ -9,9 +9,9 @@ import gymnasium
 import pytest
 from gymnasium import spaces
 
-from envs import BUILTIN_ENVS, registered_ids
+from envs import BUILTIN_ENVS, parse_kwargs, registered_ids
 from envs.frozen_lake import FrozenLakeEnv
-from roll_agent.check_env import ContractWarning, check_text_env, main, parse_kwargs
+from roll_agent.check_env import ContractWarning, check_text_env, main
 
 ALL_CHECKS = [
     "make",

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from roll_agent.config import load_config
-from roll_agent.runtime.local import trainer_of
+from roll_agent.train.trainer import trainer_for_run
 from roll_agent.runtime.trainer_process import ProcessTrainer, TrainerProcessError
 from tests.train.test_policy_step import multi_turn_groups
 
@@ -24,7 +24,7 @@ def cfg():
 
 @pytest.mark.slow
 def test_child_trains_exactly_like_this_process_and_shares_its_weights(cfg, tiny_model_dir, tmp_path):
-    here = trainer_of(cfg, tiny_model_dir)
+    here = trainer_for_run(cfg, tiny_model_dir)
     child = ProcessTrainer(cfg, tiny_model_dir)
     try:
         assert child.version == 0 and child._proc.pid != os.getpid()

@@ -5,7 +5,7 @@ import math
 import pytest
 
 from roll_agent.config import AlgorithmConfig, Config, ConfigError, ModelConfig, TrainerConfig, load_config
-from roll_agent.runtime.local import trainer_of
+from roll_agent.train.trainer import trainer_for_run
 from roll_agent.train.lr_schedule import lr_at
 from roll_agent.train.trainer import TorchTrainer
 from tests.train.test_policy_step import multi_turn_groups
@@ -50,9 +50,9 @@ def test_trainer_steps_follow_the_schedule(tiny_model_dir):
 
 
 def test_run_decays_over_max_steps(tiny_model_dir):
-    """`trainer_of` (both runtimes build the trainer there) gives the schedule the run's horizon;
+    """`trainer_for_run` (both runtimes build the trainer there) gives the schedule the run's horizon;
     a trainer built directly without one is told what is missing."""
     cfg = Config(max_steps=7, trainer=TrainerConfig(lr_schedule="cosine"))
-    assert trainer_of(cfg, tiny_model_dir).cfg.lr_decay_steps == 7
+    assert trainer_for_run(cfg, tiny_model_dir).cfg.lr_decay_steps == 7
     with pytest.raises(ConfigError, match="lr_decay_steps"):
         TorchTrainer(tiny_model_dir, TrainerConfig(lr_schedule="cosine"), AlgorithmConfig(kl_coef=0.0))

@@ -6,7 +6,7 @@ import torch
 from roll_agent.config import AlgorithmConfig, EnvSpec, ModelConfig, RolloutConfig, TrainerConfig, WarmupConfig
 from roll_agent.rollout.chat import ChatFormatter
 from roll_agent.train.trainer import TorchTrainer
-from roll_agent.train.warmup import run_warmup
+from roll_agent.warmup import run_warmup
 from tests.train.test_policy_step import multi_turn_groups
 
 
