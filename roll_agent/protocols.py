@@ -1,4 +1,4 @@
-"""The contracts between components, as small Protocols (DESIGN.md section 2)."""
+"""The contracts between components, as small Protocols (docs/architecture.md, section 2)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """`python -m roll_agent.run [--config FILE] [section.key=value ...]`
 
-Reads top to bottom as the composition of the system (DESIGN.md section 1).
+Reads top to bottom as the composition of the system (docs/architecture.md, section 1).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The records passed between stages (DESIGN.md section 2)."""
+"""The records passed between stages (docs/architecture.md, section 2)."""
 
 from __future__ import annotations
 

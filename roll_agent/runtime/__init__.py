@@ -1,4 +1,4 @@
-"""Runtimes decide where the components live (DESIGN.md section 1): `local` (this process,
+"""Runtimes decide where the components live (docs/architecture.md, section 4): `local` (this process,
 asyncio) or `ray` (Ray actors). The components never import a runtime; a runtime builds
 them and hands the controller objects with the same interface."""
 

@@ -1,4 +1,4 @@
-"""The async ratio bounds staleness strictly, per token (DESIGN.md section 2)."""
+"""The async ratio bounds staleness strictly, per token (docs/architecture.md, section 2: SampleBuffer)."""
 
 import asyncio
 import random
