@@ -19,6 +19,7 @@ import torch
 from roll_agent.config import AlgorithmConfig, ConfigError, ModelConfig, TrainerConfig
 from roll_agent.modeling import logits_to_keep_kwargs, sync_parameters
 from roll_agent.train import algorithms as alg
+from roll_agent.train.batch import TokenBatch, collate
 from roll_agent.train.lr_schedule import lr_at
 from roll_agent.types import Group, Trajectory
 
@@ -70,37 +71,21 @@ class PolicyTrainer:
         return model
 
     # ---- batches -----------------------------------------------------------
-    def _tensors(self, trajs: list[Trajectory]) -> dict[str, torch.Tensor]:
-        width = max(len(t.token_ids) for t in trajs)
-        n = len(trajs)
-        ids = torch.zeros((n, width), dtype=torch.long)
-        attn = torch.zeros((n, width), dtype=torch.long)
-        mask = torch.zeros((n, width), dtype=torch.float32)
-        behav = torch.zeros((n, width), dtype=torch.float32)
-        for i, t in enumerate(trajs):
-            L = len(t.token_ids)
-            ids[i, :L] = torch.tensor(t.token_ids)
-            attn[i, :L] = 1
-            mask[i, :L] = torch.tensor(t.loss_mask, dtype=torch.float32)
-            behav[i, :L] = torch.tensor(t.logprobs, dtype=torch.float32)
-        # Position t's logits predict token t+1, so targets are shifted by one. No token before the
-        # earliest trained (loss-masked) one counts: logits (and their log-softmax, entropy and
-        # backward) are computed only from `start`, the position that predicts it.
-        start = 0
-        if self.narrow_logits and logits_to_keep_kwargs(self.model, 1):
-            start = max(0, min(_first_trained(t.loss_mask) for t in trajs) - 1)
-        dev = self.device
-        return {"ids": ids.to(dev), "attn": attn.to(dev), "start": start,
-                "mask": mask[:, 1 + start:].to(dev), "behav": behav[:, 1 + start:].to(dev)}
+    def batch(self, trajs: list[Trajectory]) -> TokenBatch:
+        """`trajs` collated on this trainer's device; positions before the earliest trained token
+        are skipped when the model can compute logits for the last positions only."""
+        return collate(trajs, skip_untrained=self.narrow_logits and bool(logits_to_keep_kwargs(self.model, 1))) \
+            .to(self.device)
 
-    def _forward(self, model, batch: dict[str, torch.Tensor], with_entropy: bool):
-        """Log-probs of the targets from `batch["start"]` on, and the entropy there (None unless asked).
-
-        The entropy joins the autograd graph only when the loss has an entropy term."""
-        ids, start = batch["ids"], batch["start"]
+    def logprobs(self, batch: TokenBatch, model: torch.nn.Module | None = None, with_entropy: bool = False):
+        """Log-probs [n, batch.num_targets] of the targets under `model` (default: the policy being
+        trained), and the entropy there (None unless asked; it joins the autograd graph only when
+        the loss has an entropy term)."""
+        model = self.net if model is None else model
+        ids, start = batch.ids, batch.start
         kwargs = logits_to_keep_kwargs(self.model, ids.shape[1] - start) if start else {}
         with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self._autocast_bf16):
-            logits = model(input_ids=ids, attention_mask=batch["attn"], **kwargs).logits
+            logits = model(input_ids=ids, attention_mask=batch.attention_mask, **kwargs).logits
         logits = logits[:, -(ids.shape[1] - start):-1].float()
         if self.temperature != 1.0:
             logits = logits / self.temperature
@@ -150,9 +135,9 @@ class PolicyTrainer:
         """pi_old for decoupled PPO: the policy before this batch's first update."""
         out = []
         for idx in self._micro_batches(list(range(len(trajs)))):
-            batch = self._tensors([trajs[i] for i in idx])
-            logp, _ = self._forward(self.net, batch, with_entropy=False)
-            out += [(batch["start"], row) for row in logp]
+            batch = self.batch([trajs[i] for i in idx])
+            logp, _ = self.logprobs(batch)
+            out += [(batch.start, row) for row in logp]
         return out
 
     def _update(self, trajs, mini: list[int], adv, old, sums: dict[str, float]) -> None:
@@ -172,7 +157,7 @@ class PolicyTrainer:
         self._zero_grad()
         for grad, rows in ((True, trained), (False, [i for i, yes in zip(mini, has_signal) if not yes])):
             for idx in self._micro_batches(rows):
-                batch = self._tensors([trajs[i] for i in idx])
+                batch = self.batch([trajs[i] for i in idx])
                 with torch.set_grad_enabled(grad):
                     loss = self._micro_loss(trajs, idx, batch, adv, old, total_tokens, total_seqs, sums)
                 if grad:
@@ -185,18 +170,18 @@ class PolicyTrainer:
     def _micro_loss(self, trajs, idx, batch, adv, old, total_tokens: int, total_seqs: int,
                     sums: dict[str, float]) -> torch.Tensor:
         algo = self.algo
-        logp, entropy = self._forward(self.net, batch, with_entropy=True)
-        mask = batch["mask"]
-        logp_old = logp.detach() if old is None else _stack_rows([old[i] for i in idx], batch["start"], logp.shape[1])
+        logp, entropy = self.logprobs(batch, with_entropy=True)
+        mask = batch.loss_mask
+        logp_old = logp.detach() if old is None else _stack_rows([old[i] for i in idx], batch.start, logp.shape[1])
         advantages = adv[idx].to(logp.device)[:, None].expand_as(logp)
         positive = torch.tensor([trajs[i].reward > 0 for i in idx], device=logp.device)
         loss_tok, diag = alg.policy_loss(
-            logp, logp_old, batch["behav"], advantages, mask, algo.loss,
+            logp, logp_old, batch.behaviour_logprobs, advantages, mask, algo.loss,
             clip_low=algo.clip_low, clip_high=algo.clip_high, is_cap=algo.is_cap, positive=positive)
         total = loss_tok - algo.entropy_coef * entropy * mask
         kl = None
         if algo.kl_coef > 0:
-            kl = alg.kl_k3(logp, self._ref_logp(batch)) * mask
+            kl = alg.kl_k3(logp, self.reference_logprobs(batch)) * mask
             total = total + algo.kl_coef * kl
         share = (mask.sum() / max(total_tokens, 1)) if algo.aggregation == "token-mean" else \
             (float((mask.sum(-1) > 0).sum()) / max(total_seqs, 1))
@@ -206,7 +191,7 @@ class PolicyTrainer:
             _add(sums, "is_weight_mean", float((diag["is_weight"] * mask).sum()))
             # |log pi_trainer - log mu_sampler| per trained token: ~1e-6 for on-policy samples when
             # the engines' weights equal the trainer's; grows with staleness or a sync that missed
-            gap = torch.where(mask > 0, (logp.detach() - batch["behav"]).abs(), 0.0)
+            gap = torch.where(mask > 0, (logp.detach() - batch.behaviour_logprobs).abs(), 0.0)
             _add(sums, "logprob_diff_mean", float(gap.sum()))
             _add(sums, "clip_frac", float((diag["clipped"] * mask).sum()))
             if kl is not None:
@@ -215,11 +200,12 @@ class PolicyTrainer:
         return alg.aggregate(total, mask, algo.aggregation) * share
 
     @torch.no_grad()
-    def _ref_logp(self, batch) -> torch.Tensor:
+    def reference_logprobs(self, batch: TokenBatch) -> torch.Tensor:
+        """Log-probs of the targets under the KL reference."""
         if self.ref_model is not None:
-            return self._forward(self.ref_model, batch, with_entropy=False)[0]
+            return self.logprobs(batch, self.ref_model)[0]
         with self.model.disable_adapter():  # LoRA: the reference is the frozen base
-            return self._forward(self.net, batch, with_entropy=False)[0]
+            return self.logprobs(batch)[0]
 
     # ---- supervised warm-start ---------------------------------------------
     def sft_step(self, trajs: list[Trajectory], lr: float) -> dict[str, float]:
@@ -230,9 +216,9 @@ class PolicyTrainer:
         self._zero_grad()
         nll_sum = 0.0
         for idx in self._micro_batches(list(range(len(trajs)))):
-            batch = self._tensors([trajs[i] for i in idx])
-            logp, _ = self._forward(self.net, batch, with_entropy=False)
-            nll = -(logp * batch["mask"]).sum()
+            batch = self.batch([trajs[i] for i in idx])
+            logp, _ = self.logprobs(batch)
+            nll = -(logp * batch.loss_mask).sum()
             self._backward(nll / total)
             nll_sum += nll.item()
         self._apply_gradients()  # (the next RL step sets its own lr)
@@ -299,11 +285,6 @@ def _stack_rows(rows: list[tuple[int, torch.Tensor]], start: int, width: int) ->
         if j1 > j0:
             out[i, j0:j1] = row[j0 + lo:j1 + lo]
     return out
-
-
-def _first_trained(loss_mask: list[int]) -> int:
-    """Index of the first loss-masked token (the length when there is none)."""
-    return next((i for i, m in enumerate(loss_mask) if m), len(loss_mask))
 
 
 def _add(sums: dict[str, float], key: str, value: float) -> None:

@@ -100,9 +100,9 @@ def test_lora_adapters_sync_into_the_hf_engine(tiny_model_dir, tmp_path):
     for _ in range(2):
         metrics = trainer.step(tiny_batch())
     assert metrics["kl"] > 0  # against the adapter-disabled base
-    batch = trainer._tensors(tiny_batch()[0].trajectories)
+    batch = trainer.batch(tiny_batch()[0].trajectories)
     base = AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval()
-    torch.testing.assert_close(trainer._ref_logp(batch), trainer._forward(base, batch, False)[0])
+    torch.testing.assert_close(trainer.reference_logprobs(batch), trainer.logprobs(batch, base)[0])
 
     names = [n for n, _ in trainer.named_weights()]
     assert names and all("lora_" in n for n in names)

@@ -37,7 +37,7 @@ def test_narrowed_logits_equal_full_logits(tiny_model_dir, updates_per_batch, en
     full = TorchTrainer(tiny_model_dir, cfg, algo, ModelConfig(), temperature=temperature, seed=3)
     full.narrow_logits = False
     trajs = [t for g in multi_turn_groups() for t in g.trajectories]
-    assert narrow._tensors(trajs)["start"] >= 2 and full._tensors(trajs)["start"] == 0
+    assert narrow.batch(trajs).start >= 2 and full.batch(trajs).start == 0
     for step in range(2):
         a = narrow.step(multi_turn_groups(step))
         b = full.step(multi_turn_groups(step))
@@ -74,12 +74,13 @@ def test_samples_without_advantage_get_no_backward_and_the_gradient_is_unchanged
     adv = alg.compute_advantages(rewards, torch.tensor([t.group_id for t in trajs]), "grpo", std_normalize=True)
     assert adv[4:].abs().sum() == 0 and adv[:4].abs().sum() > 0
     trainer.model.zero_grad()
-    batch = trainer._tensors(trajs)
-    logp, _ = trainer._forward(trainer.net, batch, with_entropy=False)
-    loss_tok, _ = alg.policy_loss(logp, logp.detach(), batch["behav"], adv[:, None].expand_as(logp), batch["mask"],
+    batch = trainer.batch(trajs)
+    logp, _ = trainer.logprobs(batch)
+    loss_tok, _ = alg.policy_loss(logp, logp.detach(), batch.behaviour_logprobs, adv[:, None].expand_as(logp),
+                                  batch.loss_mask,
                                   "ppo", clip_low=0.2, clip_high=0.28, is_cap=2.0,
                                   positive=torch.tensor([t.reward > 0 for t in trajs]))
-    alg.aggregate(loss_tok, batch["mask"], aggregation).backward()  # the whole batch at once
+    alg.aggregate(loss_tok, batch.loss_mask, aggregation).backward()  # the whole batch at once
     for name, p in trainer.model.named_parameters():
         torch.testing.assert_close(got[name], p.grad, rtol=1e-4, atol=1e-7, msg=name)
     assert metrics["entropy"] > 0  # the metrics still cover every sample
@@ -102,11 +103,11 @@ def test_proximal_log_probs_line_up_across_micro_batches_with_other_starts(tiny_
         trajs.append(t)
     old = trainer._proximal_logps(trajs)  # micro-batches [0, 1] (start 24) and [2, 3] (start 3)
     for idx in ([0, 2], [3, 1], [1, 0]):
-        batch = trainer._tensors([trajs[i] for i in idx])
+        batch = trainer.batch([trajs[i] for i in idx])
         with torch.no_grad():
-            direct, _ = trainer._forward(trainer.net, batch, with_entropy=False)
-        stacked = _stack_rows([old[i] for i in idx], batch["start"], direct.shape[1])
-        keep = batch["mask"] > 0
+            direct, _ = trainer.logprobs(batch)
+        stacked = _stack_rows([old[i] for i in idx], batch.start, direct.shape[1])
+        keep = batch.loss_mask > 0
         assert keep.sum() == 10
         torch.testing.assert_close(stacked[keep], direct[keep], rtol=1e-5, atol=1e-5)
 
@@ -121,10 +122,10 @@ def test_logprob_diff_is_the_mean_gap_between_trainer_and_sampler_per_trained_to
         out = multi_turn_groups()
         trajs = [t for g in out for t in g.trajectories]
         with torch.no_grad():
-            batch = trainer._tensors(trajs)
-            logp, _ = trainer._forward(trainer.net, batch, with_entropy=False)
+            batch = trainer.batch(trajs)
+            logp, _ = trainer.logprobs(batch)
         for row, t in zip(logp, trajs):  # row j scores token start + 1 + j
-            t.logprobs = [float(row[j - 1 - batch["start"]]) + offset if m else 0.0
+            t.logprobs = [float(row[j - 1 - batch.start]) + offset if m else 0.0
                           for j, m in enumerate(t.loss_mask)]
         return out
 
