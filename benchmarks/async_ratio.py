@@ -108,7 +108,7 @@ def run_one(ratio: int, root: Path, model_path: str, args, tag: str) -> dict:
     rows = [r for r in rows if "time_step_s" in r][args.skip:]
     return {"episodes": sum(r["episodes"] for r in rows), "seconds": sum(r["time_step_s"] for r in rows),
             "stale": [r["staleness_mean"] for r in rows], "train": [r["time_train_s"] for r in rows],
-            "wait": [r["time_wait_data_s"] for r in rows], "dropped": rows[-1]["dropped_stale"],
+            "wait": [r["time_wait_data_s"] for r in rows], "dropped": rows[-1]["episodes_total_stale_dropped"],
             "cpu_per_step": [cpu / args.steps]}
 
 

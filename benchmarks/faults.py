@@ -43,13 +43,13 @@ async def run_arm(formatter, cfg: RolloutConfig, env: dict, engine_cfg, batches:
         for v in range(batches):
             batch = await stack.buffer.get_batch(v)
             samples += sum(len(g.trajectories) for g in batch)
-            identity_ok &= stack.accounting()["accounting_ok"]
+            identity_ok &= stack.stats().accounting()["accounting_ok"]
             await asyncio.sleep(train_s)  # the trainer's step; rollout goes on meanwhile
             await stack.update_weights(v + 1)
         seconds = time.perf_counter() - start
     finally:
         await stack.close()
-    acc = stack.accounting()
+    acc = stack.stats().accounting()
     return {"samples_per_s": samples / seconds, "seconds": seconds, "samples": samples,
             "accounted": identity_ok and acc["accounting_ok"], "stuck": stack.watchdog.stats["stuck_env"], **acc}
 

@@ -62,7 +62,7 @@ async def run_load(formatter, lanes: int, group_size: int, batches: int, step_ms
     half = len(rss) // 2
     return {"envs": lanes * group_size, "seconds": seconds, "steps": steps, "steps_per_s": steps / seconds,
             "trained": trained, "peak_running": peak_running, "rss_first_half_mb": max(rss[:half] or [0.0]),
-            "rss_second_half_mb": max(rss[half:] or [0.0]), "rss_samples": rss, **stack.accounting()}
+            "rss_second_half_mb": max(rss[half:] or [0.0]), "rss_samples": rss, **stack.stats().accounting()}
 
 
 def main() -> None:

@@ -101,7 +101,7 @@ class AsyncController:
                     await self._evaluate(step)
         finally:
             await rollout.scheduler.stop()
-        self.logger.log({"step": step, **rollout.accounting()})  # after shutdown: the cancelled rest counted
+        self.logger.log({"step": step, **rollout.stats().accounting()})  # after shutdown: the cancelled rest counted
         await self._evaluate(step)
         self.save(step)
         return step
@@ -142,20 +142,14 @@ class AsyncController:
         out.update(staleness_mean=sum(stale) / len(stale), staleness_max=float(max(stale)),
                    invalid_action_rate=sum(t.metrics.get("invalid_actions", 0) for t in trajs)
                    / max(sum(t.num_turns for t in trajs), 1))
-        rollout = self.p.rollout
-        counts = rollout.buffer.ledger.counts
-        for key in ("started", *OUTCOMES):
-            out[f"episodes_{key}"] = counts.get(key, 0) - self._last_counts.get(key, 0)
-        out["env_errors"] = out.pop("episodes_env_error")
-        out["episodes_aborted"] = out.pop("episodes_cancelled")  # cancelled: the Trajectory status `aborted`
-        self._last_counts = dict(counts)
-        out["dropped_stale"] = rollout.buffer.stats["episodes_dropped_stale"]
-        out.update(rollout.accounting(), **rollout.watchdog.metrics(),
-                   **{f"proxy_{k}": rollout.proxy.stats[k] for k in ("request_failures", "engine_crashes")})
+        stats = self.p.rollout.stats()
+        for key in ("started", *OUTCOMES):  # this step's share of each outcome
+            out[f"episodes_{key}"] = stats.episodes.get(key, 0) - self._last_counts.get(key, 0)
+        self._last_counts = dict(stats.episodes)
+        out.update(stats.accounting(), **stats.watchdog, **{f"proxy_{k}": v for k, v in stats.proxy_faults.items()})
         # which samples this step trained on: a resumed run can be checked never to train one twice
         out["trained_samples"] = [f"{t.group_id}:{t.env_id}" for t in trajs]
         now = time.perf_counter()
-        tokens = self.p.rollout.proxy.stats["gen_tokens"]
-        out["gen_tokens_per_s"] = (tokens - self._last_tokens) / max(now - self._last_time, 1e-9)
-        self._last_tokens, self._last_time = tokens, now
+        out["gen_tokens_per_s"] = (stats.gen_tokens - self._last_tokens) / max(now - self._last_time, 1e-9)
+        self._last_tokens, self._last_time = stats.gen_tokens, now
         return out

@@ -9,12 +9,16 @@ from dataclasses import dataclass, field
 
 
 class Status(str, enum.Enum):
-    """How an episode ended. Every started episode ends as exactly one of these."""
+    """How an episode ended: every started episode ends as exactly one of these (counted by
+    roll_agent/rollout/accounting.py). An episode's own run ends in one of the first four;
+    the buffer and the scheduler decide the last two."""
 
     FINISHED = "finished"  # the env said terminated
     TRUNCATED = "truncated"  # turn / token limit reached, or env truncated
-    ABORTED = "aborted"  # cancelled: redundant episode of a completed group, or stale
+    CANCELLED = "cancelled"  # redundant episode of a completed group, stale group, engine gave up, restart
     ENV_ERROR = "env_error"  # env raised or timed out
+    STALE_DROPPED = "stale_dropped"  # ended well but too old to train on when its batch came
+    LOST = "lost"  # the process that ran it died (a Ray env worker; never under the local runtime)
 
 
 _request_ids = itertools.count()

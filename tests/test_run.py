@@ -39,7 +39,7 @@ def test_each_loss_trains_two_steps(tmp_path, loss):
     assert [r["version"] for r in rows] == [1, 2]
     for r in rows:
         for key in ("reward_mean", "success_rate", "episode_len_mean", "staleness_mean", "staleness_max",
-                    "dropped_stale", "episodes_aborted", "env_errors", "accounting_ok", "gen_tokens_per_s", "train_tokens_per_s",
+                    "episodes_stale_dropped", "episodes_cancelled", "episodes_env_error", "accounting_ok", "gen_tokens_per_s", "train_tokens_per_s",
                     "time_wait_data_s", "time_train_s", "time_sync_s", "loss", "entropy", "grad_norm",
                     "is_weight_mean", "kl"):
             assert key in r, key

@@ -1,51 +1,58 @@
-"""Episode accounting: every episode that starts ends as exactly one outcome.
+"""Episode accounting: every episode that starts ends as exactly one `Status`.
 
-Outcomes: `finished` / `truncated` (trained on: counted when its group is consumed
-by a training step), `cancelled` (redundant, stale group, engine gave up, or cut off
-by a restart), `env_error` (the env raised or timed out), `stale_dropped` (ended
-well but too old to train on) and `lost` (the process that ran it died: a Ray env
-worker; never under the local runtime). Until then an episode is *in flight*: running, or
-ended well and waiting in a lane or the buffer.
+`finished` / `truncated` are counted when the episode's group is trained on (until then it
+waits in a lane or the buffer), the others when they happen (see `roll_agent/types.py`).
+Until it ends an episode is *in flight*: running, or ended well and waiting.
 
-The ledger only counts; `check` compares the counts with what the live structures
-hold (running tasks, waiting trajectories), so a leak or a double count shows.
+The ledger only counts. `RolloutStats` is what a rollout reports to the controller at
+one moment; its `accounting()` compares the counts with what the live structures hold
+(running tasks, waiting trajectories), so a leak or a double count shows.
 """
 
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import dataclass, field
 
-OUTCOMES = ("finished", "truncated", "cancelled", "env_error", "stale_dropped", "lost")
+from roll_agent.types import Status
+
+OUTCOMES = tuple(s.value for s in Status)
 
 
 class EpisodeLedger:
     def __init__(self):
-        self.counts: Counter = Counter()
+        self.counts: Counter = Counter()  # "started" and each Status value
 
     def start(self, n: int = 1) -> None:
         self.counts["started"] += n
 
-    def end(self, outcome: str, n: int = 1) -> None:
-        if outcome not in OUTCOMES:
-            raise ValueError(f"unknown episode outcome {outcome!r}; one of {OUTCOMES}")
-        self.counts[outcome] += n
-
-    @property
-    def ended(self) -> int:
-        return sum(self.counts[o] for o in OUTCOMES)
-
-    def check(self, in_flight: int) -> dict:
-        """Cumulative counters plus the identity `started == sum(outcomes) + in_flight`."""
-        row = {f"episodes_total_{k}": self.counts[k] for k in ("started", *OUTCOMES)}
-        row["episodes_in_flight"] = in_flight
-        row["accounting_ok"] = self.counts["started"] == self.ended + in_flight
-        return row
+    def end(self, outcome: Status, n: int = 1) -> None:
+        self.counts[Status(outcome).value] += n  # Status(...) rejects an unknown outcome
 
     def state_dict(self, in_flight: int) -> dict:
         """Episodes in flight at a checkpoint never end in the resumed run: they count as cancelled."""
         counts = Counter(self.counts)
-        counts["cancelled"] += in_flight
+        counts[Status.CANCELLED.value] += in_flight
         return dict(counts)
 
     def load_state_dict(self, state: dict) -> None:
         self.counts = Counter(state)
+
+
+@dataclass
+class RolloutStats:
+    """The rollout's cumulative counters at one moment, whichever runtime runs it."""
+
+    episodes: dict[str, int]  # "started" and each Status value
+    in_flight: int  # started, not yet ended: running, or ended well and waiting
+    gen_tokens: int = 0  # sampled by the engines through the proxy
+    proxy_faults: dict[str, int] = field(default_factory=dict)  # request_failures, engine_crashes
+    watchdog: dict[str, int] = field(default_factory=dict)  # watchdog_* counters
+
+    def accounting(self) -> dict:
+        """Cumulative outcome counters and the identity `started == sum(outcomes) + in_flight`."""
+        row = {f"episodes_total_{k}": self.episodes.get(k, 0) for k in ("started", *OUTCOMES)}
+        row["episodes_in_flight"] = self.in_flight
+        ended = sum(self.episodes.get(k, 0) for k in OUTCOMES)
+        row["accounting_ok"] = self.episodes.get("started", 0) == ended + self.in_flight
+        return row

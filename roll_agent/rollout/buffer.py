@@ -18,7 +18,7 @@ from collections import deque
 
 from roll_agent.config import RolloutConfig
 from roll_agent.rollout.accounting import EpisodeLedger
-from roll_agent.types import Group
+from roll_agent.types import Group, Status
 
 
 class SampleBuffer:
@@ -86,11 +86,11 @@ class SampleBuffer:
                     batch.append(group)
                     self.consumed_places += self.group_size
                     for traj in group.trajectories:
-                        self.ledger.end(traj.status.value)
+                        self.ledger.end(traj.status)
                 else:
                     self.stats["groups_dropped_stale"] += 1
                     self.stats["episodes_dropped_stale"] += len(group.trajectories)
-                    self.ledger.end("stale_dropped", len(group.trajectories))
+                    self.ledger.end(Status.STALE_DROPPED, len(group.trajectories))
                     self._cond.notify_all()
             self.stats["groups_consumed"] += len(batch)
         return batch

@@ -87,15 +87,15 @@ class EnvManager:
             traj.error = str(exc) or f"episode timed out after {self.cfg.episode_timeout_s:.0f}s"
             await self._discard_env()
         except GenerationAborted:
-            traj.status = Status.ABORTED
+            traj.status = Status.CANCELLED
             traj.error = "aborted by proxy.abort"
             self.proxy.clear_abort(self.env_id)
         except asyncio.CancelledError:
-            traj.status = Status.ABORTED
+            traj.status = Status.CANCELLED
             raise
         except Exception as exc:  # an engine failure or a bug: this episode ends, the run goes on
             log.exception("episode on %s (seed %s) failed", self.env_id, seed)
-            traj.status = Status.ABORTED
+            traj.status = Status.CANCELLED
             traj.error = f"{type(exc).__name__}: {exc}"
         finally:
             traj.timing["episode_s"] = time.perf_counter() - start

@@ -108,13 +108,13 @@ class GroupScheduler:
         """Record how one episode ended, exactly once (a done callback: also for a task cancelled unstarted)."""
         lane.running.discard(task)
         if task.cancelled():
-            self.ledger.end("cancelled")
+            self.ledger.end(Status.CANCELLED)
             return
         traj = task.result()  # run_episode turns every failure into a status
         if traj.status in (Status.FINISHED, Status.TRUNCATED):
             lane.kept.append(traj)  # its outcome is decided when the group is trained on or dropped
         else:
-            self.ledger.end("env_error" if traj.status is Status.ENV_ERROR else "cancelled")
+            self.ledger.end(traj.status)
 
     async def _collect(self, lane: Lane) -> list[Trajectory]:
         """Wait for `group_size` good episodes, then cancel the rest (the redundant ones)."""
@@ -125,10 +125,10 @@ class GroupScheduler:
             await self._cancel(lane.running)
         kept, extra, lane.kept = lane.kept[: self.cfg.group_size], lane.kept[self.cfg.group_size:], []
         if extra:  # ended well at the same moment as the last needed one: redundant
-            self.ledger.end("cancelled", len(extra))
+            self.ledger.end(Status.CANCELLED, len(extra))
         if lane.stale:
             self.counts["groups_stale"] += 1
-            self.ledger.end("stale_dropped", len(kept))
+            self.ledger.end(Status.STALE_DROPPED, len(kept))
             return []
         if not kept:
             self.counts["groups_failed"] += 1

@@ -10,6 +10,7 @@ from typing import Awaitable, Callable
 
 from roll_agent.config import EnvSpec, ProxyConfig, RolloutConfig, WatchdogConfig
 from roll_agent.proxy.llm_proxy import LLMProxy
+from roll_agent.rollout.accounting import RolloutStats
 from roll_agent.rollout.buffer import SampleBuffer
 from roll_agent.rollout.chat import ChatFormatter
 from roll_agent.rollout.env_manager import EnvManager
@@ -17,6 +18,7 @@ from roll_agent.rollout.groups import GroupScheduler
 from roll_agent.watchdog import Watchdog
 
 Push = Callable[[list, int], Awaitable[dict]]
+PROXY_FAULTS = ("request_failures", "engine_crashes")  # the proxy counters a training step reports
 
 
 async def _no_weights(engines: list, version: int) -> dict:
@@ -38,9 +40,11 @@ class RolloutStack:
     def env_manager(self, env_id: str, spec: EnvSpec) -> EnvManager:
         return EnvManager(env_id, spec, self.formatter, self.proxy, self.cfg, self.executor, self.watchdog)
 
-    def accounting(self) -> dict:
-        """Cumulative episode outcomes and the identity check (see rollout/accounting.py)."""
-        return self.buffer.ledger.check(self.scheduler.num_in_flight)
+    def stats(self) -> RolloutStats:
+        """The cumulative counters now (`.accounting()`: the episode identity check)."""
+        proxy = self.proxy.stats
+        return RolloutStats(dict(self.buffer.ledger.counts), self.scheduler.num_in_flight, proxy["gen_tokens"],
+                            {k: proxy[k] for k in PROXY_FAULTS}, self.watchdog.metrics())
 
     async def update_weights(self, version: int, push: Push = _no_weights) -> dict:
         """Suspend -> push weights -> resume; then admission widens and stale groups are cancelled."""

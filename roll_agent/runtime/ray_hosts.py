@@ -25,7 +25,7 @@ from roll_agent.proxy.llm_proxy import LLMProxy
 from roll_agent.rollout.buffer import SampleBuffer
 from roll_agent.rollout.env_manager import EnvManager
 from roll_agent.rollout.groups import GroupScheduler
-from roll_agent.types import EngineOutput, Group
+from roll_agent.types import EngineOutput, Group, Status
 from roll_agent.watchdog import Watchdog
 
 log = logging.getLogger(__name__)
@@ -243,7 +243,7 @@ class BufferHost:
             self.buffer.ledger.start(n)
             self.in_flight[owner] += n
 
-    def ledger_end(self, owner: tuple, outcome: str, n: int) -> None:
+    def ledger_end(self, owner: tuple, outcome: Status, n: int) -> None:
         if owner not in self.dead:  # a late message of a dead worker: its episodes already ended as lost
             self.buffer.ledger.end(outcome, n)
             self.in_flight[owner] -= n
@@ -274,7 +274,7 @@ class BufferHost:
         for _ in range(self.held.pop(owner, 0)):
             await self.buffer.release()
         lost = self.in_flight.pop(owner, 0)
-        self.buffer.ledger.end("lost", lost)
+        self.buffer.ledger.end(Status.LOST, lost)
         return lost
 
     def barrier(self) -> None:
@@ -310,7 +310,7 @@ class RemoteLedger:
     def start(self, n: int = 1) -> None:
         self.handle.ledger_start.remote(self.owner, n)
 
-    def end(self, outcome: str, n: int = 1) -> None:
+    def end(self, outcome: Status, n: int = 1) -> None:
         self.handle.ledger_end.remote(self.owner, outcome, n)
 
 

@@ -30,9 +30,10 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 import roll_agent
 from roll_agent.config import Config, ConfigError, EnvSpec
-from roll_agent.rollout.accounting import EpisodeLedger
+from roll_agent.rollout.accounting import EpisodeLedger, RolloutStats
 from roll_agent.rollout.chat import ChatFormatter
 from roll_agent.rollout.env_manager import EnvManager
+from roll_agent.rollout.stack import PROXY_FAULTS
 from roll_agent.runtime.ray_hosts import BufferHost, EnvWorker, ProxyHost, RemoteProxy
 from roll_agent.runtime.ray_model_hosts import EngineHost, TrainerHost
 from roll_agent.runtime.ray_supervisor import WorkerSupervisor
@@ -228,11 +229,6 @@ class ClusterWatchdog(Watchdog):
         return (super().oldest(n) + [f"(at the last step) {w}" for w in self.remote_oldest])[:n]
 
 
-class ProxyView:
-    def __init__(self):
-        self.stats: dict = {"gen_tokens": 0, "request_failures": 0, "engine_crashes": 0}
-
-
 class BufferView:
     """The SampleBuffer interface over the buffer actor; the synchronous reads (ledger,
     stats, len, state_dict) answer from the snapshot of the last refresh."""
@@ -271,7 +267,7 @@ class RayRollout:
         self.cfg = cfg
         self.formatter = formatter
         self.proxy_handle = proxy
-        self.proxy = ProxyView()
+        self.proxy_stats: dict = {"gen_tokens": 0, **dict.fromkeys(PROXY_FAULTS, 0)}  # at the last refresh
         self.buffer = BufferView(buffer)
         self.scheduler = WorkerSupervisor(workers, self.buffer, version, cfg.runtime.ray.max_restarts)
         self.watchdog = ClusterWatchdog(cfg.watchdog)
@@ -283,10 +279,12 @@ class RayRollout:
         return EnvManager(env_id, spec, self.formatter, self._driver_proxy, self.cfg.rollout, self.executor,
                           self.watchdog)
 
-    def accounting(self) -> dict:
-        """As RolloutStack.accounting, from the buffer actor's snapshot (its ledger, and the
-        episodes in flight as the env workers' ledger calls and puts left them)."""
-        return self.buffer.ledger.check(self.scheduler.num_in_flight)
+    def stats(self) -> RolloutStats:
+        """As RolloutStack.stats, from the last refresh: the buffer actor's ledger, the episodes in
+        flight as the env workers' ledger calls and puts left them, the proxy actor's counters."""
+        proxy = self.proxy_stats
+        return RolloutStats(dict(self.buffer.ledger.counts), self.scheduler.num_in_flight, proxy["gen_tokens"],
+                            {k: proxy[k] for k in PROXY_FAULTS}, self.watchdog.metrics())
 
     async def update_weights(self, version: int, push) -> dict:
         report = await push(self.proxy_handle, version)
@@ -298,7 +296,7 @@ class RayRollout:
 
     async def refresh(self) -> None:
         """Pull the counters the controller reads synchronously (once per step)."""
-        self.proxy.stats, report, _, _ = await asyncio.gather(
+        self.proxy_stats, report, _, _ = await asyncio.gather(
             self.proxy_handle.stats.remote(), self.proxy_handle.watchdog_report.remote(),
             self.buffer.refresh(), self.scheduler.refresh())
         snaps = self.scheduler.snapshots

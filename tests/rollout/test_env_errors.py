@@ -24,7 +24,7 @@ def test_raising_and_hanging_envs_end_only_their_episode(formatter):
     assert len(consumed) == 4
     counts = stack.buffer.ledger.counts
     assert counts["env_error"] > 0
-    assert stack.accounting()["accounting_ok"]
+    assert stack.stats().accounting()["accounting_ok"]
     for _, batch in consumed:
         for group in batch:
             assert all(t.status != Status.ENV_ERROR for t in group.trajectories)
@@ -69,4 +69,4 @@ def test_a_step_hung_past_its_timeout_is_reported_by_the_watchdog(formatter):
 
     run(go(), timeout=30)
     assert stack.watchdog.stats["stuck_env"] >= 2
-    assert stack.accounting()["accounting_ok"]
+    assert stack.stats().accounting()["accounting_ok"]

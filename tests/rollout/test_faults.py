@@ -45,7 +45,7 @@ def test_faults_everywhere_batches_fill_and_every_episode_is_accounted(formatter
         try:
             for v in range(STEPS):
                 batch = await stack.buffer.get_batch(v)
-                checks.append(stack.accounting())
+                checks.append(stack.stats().accounting())
                 assert len(batch) == rollout.groups_per_batch
                 assert all(t.status in (Status.FINISHED, Status.TRUNCATED) for g in batch for t in g.trajectories)
                 await stack.update_weights(v + 1)
@@ -57,7 +57,7 @@ def test_faults_everywhere_batches_fill_and_every_episode_is_accounted(formatter
 
     restarted_version = []
     run(go(), timeout=120)
-    checks.append(stack.accounting())  # after close: the cancelled rest is counted too
+    checks.append(stack.stats().accounting())  # after close: the cancelled rest is counted too
     assert all(c["accounting_ok"] for c in checks), checks
     final = checks[-1]
     assert final["episodes_total_env_error"] > 0 and final["episodes_total_cancelled"] > 0
@@ -135,7 +135,7 @@ def test_batch_wait_past_threshold_cancels_and_then_stops_the_run(formatter):
     assert stack.watchdog.stats["stuck_batch"] == 2
     counts = stack.buffer.ledger.counts
     assert counts["cancelled"] == counts["started"] > 0
-    assert stack.accounting()["accounting_ok"]
+    assert stack.stats().accounting()["accounting_ok"]
 
 
 def test_stale_groups_are_dropped_and_accounted(formatter):
@@ -152,7 +152,7 @@ def test_stale_groups_are_dropped_and_accounted(formatter):
             await stack.close()
 
     run(go())
-    acc = stack.accounting()
+    acc = stack.stats().accounting()
     assert acc["accounting_ok"], acc
     assert acc["episodes_total_stale_dropped"] > 0
     assert acc["episodes_total_finished"] + acc["episodes_total_truncated"] == 6 * 2

@@ -33,7 +33,7 @@ def test_300_envs_at_once_complete_and_add_up(formatter):
     assert started_at_once == [lanes * size]
     assert len(consumed) == steps
     assert sum(len(g.trajectories) for _, b in consumed for g in b) == steps * (lanes // 2) * size
-    acc = stack.accounting()
+    acc = stack.stats().accounting()
     assert acc["accounting_ok"], acc
     assert acc["episodes_total_finished"] + acc["episodes_total_truncated"] == steps * (lanes // 2) * size
     assert len(stack.watchdog.waits) == 0 and stack.proxy.num_inflight == 0  # nothing left waiting

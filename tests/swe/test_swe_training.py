@@ -28,7 +28,7 @@ def test_swe_config_trains_two_steps(swe_instance, tmp_path):
     steps = [r for r in rows if "loss" in r]
     assert [r["version"] for r in steps] == [1, 2]
     assert sum(r["episodes_finished"] + r["episodes_truncated"] for r in steps) >= 4
-    assert sum(r["env_errors"] for r in steps) == 0  # sandboxes started, tools ran, grading answered
+    assert sum(r["episodes_env_error"] for r in steps) == 0  # sandboxes started, tools ran, grading answered
     for r in steps:
         assert r["episodes"] == 2 and r["episode_len_mean"] > 0 and r["loss"] == r["loss"]  # not NaN
         assert 0 <= r["invalid_action_rate"] <= 1 and -0.1 * 3 <= r["reward_mean"] <= 1.0
