@@ -124,9 +124,9 @@ class AsyncController:
 
     def save(self, step: int) -> None:
         p = self.p
-        extra = {"buffer": p.rollout.buffer.state_dict(p.rollout.scheduler.num_in_flight),
+        state = {"buffer": p.rollout.buffer.state_dict(p.rollout.scheduler.num_in_flight),
                  "scheduler": p.rollout.scheduler.state_dict()}
-        self.checkpointer.save(step, p.trainer, p.tokenizer, extra)
+        self.checkpointer.save(step, p.trainer, p.tokenizer, state)
 
     async def _evaluate(self, step: int) -> None:
         if not self.eval_cfg.num_episodes:

@@ -66,18 +66,18 @@ async def run_components(cfg: Config, runtime, model_path: str, out: Path) -> in
     trainer = runtime.make_trainer()
     checkpointer = Checkpointer(out, cfg.checkpoint.keep_last)
     resume_from = checkpointer.latest() if cfg.resume else None
-    extra = trainer.load(resume_from) if resume_from else None
+    rollout_state = checkpointer.load(resume_from, trainer) if resume_from else None
     first_step = trainer.version
     logger = MetricsLogger(out, cfg.logging, cfg.max_steps, first_step)
     if resume_from:
         logger.log({"step": first_step, "resumed_from_step": first_step})
-    if extra is None and cfg.warmup.sft_steps:
+    if rollout_state is None and cfg.warmup.sft_steps:
         run_warmup(trainer, cfg.envs, formatter, cfg.warmup, cfg.rollout, cfg.seed, log=logger.log)
 
     rollout = runtime.make_rollout(formatter, trainer.version)
-    if extra is not None:
-        rollout.buffer.load_state_dict(extra["buffer"])
-        rollout.scheduler.load_state_dict(extra["scheduler"])
+    if rollout_state is not None:
+        rollout.buffer.load_state_dict(rollout_state["buffer"])
+        rollout.scheduler.load_state_dict(rollout_state["scheduler"])
     eval_managers = [rollout.env_manager(f"eval-{s.name}-{i}", s)
                      for s in cfg.envs for i in range(min(cfg.eval.num_episodes, 16))]
     parts = Components(rollout, trainer, runtime.make_weight_sync(trainer), eval_managers, tokenizer)

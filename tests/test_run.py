@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from roll_agent.checkpoint import Checkpointer
 from roll_agent.config import load_config
 from roll_agent.metrics import read_rows
 from roll_agent.run import train
@@ -92,7 +93,9 @@ def test_sigkill_mid_training_then_resume_reaches_max_steps(tmp_path):
     assert steps == list(range(1, 9)), steps  # no step lost or repeated
     final = torch.load(ckpts / "step_000008" / "trainer_state.pt", weights_only=False)
     assert final["version"] == 8
-    assert final["extra"]["scheduler"]["next_group_id"] > saved["extra"]["scheduler"]["next_group_id"]
+    rollout_at = {step: torch.load(ckpts / f"step_00000{step}" / "rollout_state.pt", weights_only=False)
+                  for step in (4, 8)}
+    assert rollout_at[8]["scheduler"]["next_group_id"] > rollout_at[4]["scheduler"]["next_group_id"]
 
 
 def test_trainer_state_round_trips_exactly(tmp_path, tiny_model_dir):
@@ -114,10 +117,11 @@ def test_trainer_state_round_trips_exactly(tmp_path, tiny_model_dir):
 
     a = TorchTrainer(tiny_model_dir, TrainerConfig(), AlgorithmConfig())
     a.step(batch())
-    a.save(tmp_path / "ck", {"k": 1})
+    checkpointer = Checkpointer(tmp_path)
+    saved = checkpointer.save(1, a, AutoTokenizer.from_pretrained(tiny_model_dir), {"buffer": {"k": 1}})
     after_save = [torch.rand(3), random.random()]
     b = TorchTrainer(tiny_model_dir, TrainerConfig(), AlgorithmConfig(), seed=123)
-    assert b.load(tmp_path / "ck") == {"k": 1}
+    assert checkpointer.latest() == saved and checkpointer.load(saved, b) == {"buffer": {"k": 1}}
     assert b.version == 1
     assert torch.equal(torch.rand(3), after_save[0]) and random.random() == after_save[1]
     sa, sb = a.optimizer.state_dict(), b.optimizer.state_dict()

@@ -29,7 +29,7 @@ def test_warmup_moves_the_kl_reference_to_the_warm_started_policy(tiny_model_dir
     # the first RL step's policy is the reference: its k3 KL is 0
     assert trainer.step(multi_turn_groups())["kl"] == 0.0
     # a resumed run has no warm-start: the checkpoint brings the reference back
-    trainer.save(tmp_path / "ckpt", {})
+    trainer.save(tmp_path / "ckpt")
     resumed = TorchTrainer(tiny_model_dir, TrainerConfig(micro_batch_size=4), AlgorithmConfig(kl_coef=0.1),
                            ModelConfig(), seed=0)
     resumed.load(tmp_path / "ckpt")

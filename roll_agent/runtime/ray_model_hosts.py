@@ -98,15 +98,16 @@ class TrainerHost:
     def reset_reference(self) -> None:
         self.trainer.reset_reference()
 
-    def save(self, path: str, extra: dict) -> None:
+    def save(self, path: str) -> None:
         from pathlib import Path
 
-        self.trainer.save(Path(path), extra)
+        self.trainer.save(Path(path))
 
-    def load(self, path: str) -> tuple[dict, int]:
+    def load(self, path: str) -> int:
         from pathlib import Path
 
-        return self.trainer.load(Path(path)), self.trainer.version
+        self.trainer.load(Path(path))
+        return self.trainer.version
 
     def weight_spec(self) -> Spec:
         return spec_of(self.trainer.named_weights())

@@ -197,12 +197,11 @@ class RemoteTrainer:
     def reset_reference(self) -> None:
         ray.get(self.handle.reset_reference.remote())
 
-    def save(self, path: Path, extra: dict) -> None:
-        ray.get(self.handle.save.remote(str(path), extra))
+    def save(self, path: Path) -> None:
+        ray.get(self.handle.save.remote(str(path)))
 
-    def load(self, path: Path) -> dict:
-        extra, self.version = ray.get(self.handle.load.remote(str(path)))
-        return extra
+    def load(self, path: Path) -> None:
+        self.version = ray.get(self.handle.load.remote(str(path)))
 
 
 class RaySync:

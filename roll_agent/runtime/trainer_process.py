@@ -79,12 +79,11 @@ class ProcessTrainer:
     def reset_reference(self) -> None:
         self._call("reset_reference")
 
-    def save(self, path: Path, extra: dict) -> None:
-        self._call("save", path, extra)
+    def save(self, path: Path) -> None:
+        self._call("save", path)
 
-    def load(self, path: Path) -> dict:
-        extra, self.version = self._call("load", path)
-        return extra
+    def load(self, path: Path) -> None:
+        self.version = self._call("load", path)
 
     def named_weights(self):
         """The child's parameters themselves (shared memory): read them only between calls."""
@@ -131,7 +130,8 @@ def _serve(conn, cfg: Config, model_path: str) -> None:
             elif method == "save":
                 result = trainer.save(*args)
             elif method == "load":
-                result = (trainer.load(*args), trainer.version)
+                trainer.load(*args)
+                result = trainer.version
             elif method == "close":
                 pipe.send((True, None))
                 return

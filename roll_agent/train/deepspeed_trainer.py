@@ -156,7 +156,7 @@ class DeepSpeedTrainer(PolicyTrainer):
         yield from self._gathered(self._synced())
 
     # ---- checkpoints ---------------------------------------------------------
-    def save(self, path: Path, extra: dict) -> None:
+    def save(self, path: Path) -> None:
         """`deepspeed/`: DeepSpeed's own checkpoint (module and partitioned optimizer states),
         for resuming; `model/` (and `adapter/` under LoRA) for transformers users."""
         path.mkdir(parents=True, exist_ok=True)
@@ -171,8 +171,8 @@ class DeepSpeedTrainer(PolicyTrainer):
                 merged.merge_and_unload().save_pretrained(path / "model")
             else:
                 self.model.save_pretrained(path / "model", state_dict=weights)
-        torch.save(self._trainer_state(extra), path / "trainer_state.pt")
+        torch.save(self._trainer_state(), path / "trainer_state.pt")
 
-    def load(self, path: Path) -> dict:
+    def load(self, path: Path) -> None:
         self.engine.load_checkpoint(str(path / "deepspeed"), tag="state", load_module_strict=not self.lora)
-        return self._restore_trainer_state(torch.load(path / "trainer_state.pt", weights_only=False))
+        self._restore_trainer_state(torch.load(path / "trainer_state.pt", weights_only=False))

@@ -250,17 +250,16 @@ class PolicyTrainer:
             self._synced_params = list(sync_parameters(self.model, self.model_cfg))
         return self._synced_params
 
-    def _trainer_state(self, extra: dict) -> dict:
+    def _trainer_state(self) -> dict:
         return {
             "version": self.version,
             "rng": {"torch": torch.get_rng_state(), "python": random.getstate(), "numpy": np.random.get_state(),
                     "trainer": self._rng.getstate()},
-            "extra": extra,
             # only a reference the warm-start moved: otherwise it is model.path's, rebuilt at start
             "reference": self.ref_model.state_dict() if self._reference_moved else None,
         }
 
-    def _restore_trainer_state(self, state: dict) -> dict:
+    def _restore_trainer_state(self, state: dict) -> None:
         self.version = state["version"]
         torch.set_rng_state(state["rng"]["torch"])
         random.setstate(state["rng"]["python"])
@@ -269,7 +268,6 @@ class PolicyTrainer:
         if state.get("reference") is not None and self.ref_model is not None:
             self.ref_model.load_state_dict(state["reference"])
             self._reference_moved = True
-        return state["extra"]
 
 
 def _stack_rows(rows: list[tuple[int, torch.Tensor]], start: int, width: int) -> torch.Tensor:

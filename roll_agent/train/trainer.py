@@ -47,17 +47,17 @@ class TorchTrainer(PolicyTrainer):
     def _param_groups(self) -> list[dict]:
         return self.optimizer.param_groups
 
-    def save(self, path: Path, extra: dict) -> None:
+    def save(self, path: Path) -> None:
         path.mkdir(parents=True, exist_ok=True)
         if self.lora:  # the adapter for resuming, and the merged model for transformers users
             self.model.save_pretrained(path / "adapter")
             copy.deepcopy(self.model).merge_and_unload().save_pretrained(path / "model")
         else:
             self.model.save_pretrained(path / "model")
-        torch.save({"optimizer": self.optimizer.state_dict(), **self._trainer_state(extra)},
+        torch.save({"optimizer": self.optimizer.state_dict(), **self._trainer_state()},
                    path / "trainer_state.pt")
 
-    def load(self, path: Path) -> dict:
+    def load(self, path: Path) -> None:
         state = torch.load(path / "trainer_state.pt", weights_only=False)
         if self.lora:
             from peft import set_peft_model_state_dict
@@ -68,7 +68,7 @@ class TorchTrainer(PolicyTrainer):
             loaded = AutoModelForCausalLM.from_pretrained(path / "model", dtype=torch.float32)
             self.model.load_state_dict(loaded.state_dict())
         self.optimizer.load_state_dict(state["optimizer"])
-        return self._restore_trainer_state(state)
+        self._restore_trainer_state(state)
 
 
 def make_trainer(model_path: str, cfg: TrainerConfig, algo: AlgorithmConfig, model_cfg: ModelConfig,

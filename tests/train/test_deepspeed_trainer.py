@@ -80,14 +80,15 @@ def test_no_signal_skips_the_update(tiny_model_dir):
 def test_checkpoint_resumes_exactly(tiny_model_dir, tmp_path):
     a = DeepSpeedTrainer(tiny_model_dir, _cfg(3), AlgorithmConfig(), ModelConfig())
     a.step(tiny_batch())
-    a.save(tmp_path / "ck", {"buffer": 7})
+    a.save(tmp_path / "ck")
     exported = AutoModelForCausalLM.from_pretrained(tmp_path / "ck" / "model")
     mine = _weights(a)
     for name, p in exported.named_parameters():
         torch.testing.assert_close(p.float(), mine[name])
     a.step(tiny_batch())
     b = DeepSpeedTrainer(tiny_model_dir, _cfg(3), AlgorithmConfig(), ModelConfig(), seed=5)
-    assert b.load(tmp_path / "ck") == {"buffer": 7} and b.version == 1
+    b.load(tmp_path / "ck")
+    assert b.version == 1
     b.step(tiny_batch())  # optimizer moments and the shuffling RNG came back too: the same second step
     theirs = _weights(b)
     for name, t in _weights(a).items():
@@ -117,7 +118,7 @@ def test_lora_adapters_sync_into_the_hf_engine(tiny_model_dir, tmp_path):
     report, out = run(go())
     full_bytes = sum(p.numel() * 4 for p in base.parameters())
     assert 0 < report["bytes"] < full_bytes / 5 and engine.version == 2
-    trainer.save(tmp_path / "ck", {})
+    trainer.save(tmp_path / "ck")
     merged = AutoModelForCausalLM.from_pretrained(tmp_path / "ck" / "model").eval()
     ids = [1, 2, 3, 4, 5]
     with torch.no_grad():

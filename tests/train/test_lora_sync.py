@@ -30,7 +30,7 @@ def test_adapter_only_sync_matches_merged_model(tiny_model_dir, tmp_path):
 
     report, out = run(go())
     assert 0 < report["bytes"] < full_bytes / 5
-    trainer.save(tmp_path / "ck", {})
+    trainer.save(tmp_path / "ck")
     merged = AutoModelForCausalLM.from_pretrained(tmp_path / "ck" / "model").eval()
     ids = torch.tensor([[1, 2, 3, 4, 5] + out.token_ids])
     with torch.no_grad():
