@@ -15,12 +15,15 @@ import logging
 import time
 from dataclasses import dataclass
 
+from transformers import PreTrainedTokenizerBase
+
 from roll_agent.checkpoint import Checkpointer
 from roll_agent.config import CheckpointConfig, EvalConfig
 from roll_agent.metrics import MetricsLogger
+from roll_agent.protocols import Rollout, Trainer, WeightSync
 from roll_agent.rollout.accounting import OUTCOMES
+from roll_agent.rollout.env_manager import EnvManager
 from roll_agent.rollout.evaluate import evaluate, summarize
-from roll_agent.rollout.stack import RolloutStack
 from roll_agent.types import Group
 from roll_agent.watchdog import Stuck
 
@@ -48,11 +51,11 @@ def stale_drop_warning(row: dict) -> str | None:
 
 @dataclass
 class Components:
-    rollout: RolloutStack
-    trainer: object
-    weight_sync: object
-    eval_managers: list
-    tokenizer: object
+    rollout: Rollout
+    trainer: Trainer
+    weight_sync: WeightSync
+    eval_managers: list[EnvManager]
+    tokenizer: PreTrainedTokenizerBase  # saved beside each checkpoint's model
 
 
 class AsyncController:

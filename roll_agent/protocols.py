@@ -1,12 +1,18 @@
-"""The contracts between components, as small Protocols (docs/architecture.md, section 2)."""
+"""The contracts between components, as small Protocols (docs/architecture.md, section 2).
+
+Each runtime builds objects that satisfy them: the local runtime the components
+themselves, the Ray runtime façades over actors. `tests/test_protocols.py` checks every
+implementation against its protocol.
+"""
 
 from __future__ import annotations
 
-from typing import Iterable, Protocol, runtime_checkable
+from pathlib import Path
+from typing import Any, Awaitable, Callable, Iterable, Protocol, runtime_checkable
 
 import torch
 
-from roll_agent.types import EngineOutput, SamplingParams
+from roll_agent.types import EngineOutput, Group, SamplingParams, Trajectory
 
 
 @runtime_checkable
@@ -14,6 +20,8 @@ class Engine(Protocol):
     """An inference engine behind the LLMProxy."""
 
     version: int
+    alive: bool  # False once the engine knows it crashed: the proxy takes it out of routing
+    restartable: bool  # True: the proxy calls `async restart()` on a crashed engine, then re-syncs it
 
     async def generate(self, prompt_ids: list[int], sampling: SamplingParams, request_id: str) -> EngineOutput:
         """Generate; on `abort(request_id)` return at once with the partial output and finish_reason 'abort'."""
@@ -22,5 +30,55 @@ class Engine(Protocol):
 
     async def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
         """Replace the weights (called only while the proxy is suspended and this engine is idle)."""
+
+    async def close(self) -> None: ...
+
+
+@runtime_checkable
+class Trainer(Protocol):
+    """What the controller, the warm-start and the checkpointer call; blocking (the controller
+    runs `step` in a thread, so rollout goes on)."""
+
+    version: int  # bumped by each `step`
+
+    def step(self, groups: list[Group]) -> dict[str, float]: ...
+
+    def sft_step(self, trajs: list[Trajectory], lr: float) -> dict[str, float]: ...
+
+    def reset_reference(self) -> None: ...
+
+    def save(self, path: Path) -> None: ...
+
+    def load(self, path: Path) -> None: ...
+
+
+Push = Callable[[Any, int], Awaitable[dict]]
+
+
+@runtime_checkable
+class WeightSync(Protocol):
+    """Moves the trainer's weights to where the engines are, while the proxy is suspended."""
+
+    async def push(self, target: Any, version: int) -> dict:
+        """Returns {"bytes": moved, "seconds": taken}. `target`: the engines (local) or the proxy
+        actor that owns them (Ray)."""
+
+
+@runtime_checkable
+class Rollout(Protocol):
+    """The rollout half as the controller drives it (`RolloutStack` locally, `RayRollout` over actors)."""
+
+    buffer: Any  # get_batch(version), len(), state_dict / load_state_dict (SampleBuffer's surface)
+    scheduler: Any  # start, stop, cancel_running, num_in_flight, state_dict (GroupScheduler's surface)
+    watchdog: Any  # the Watchdog of the controller's own waits
+
+    async def update_weights(self, version: int, push: Push) -> dict:
+        """Suspend the proxy, `push`, resume; then admission widens and stale groups are cancelled."""
+
+    def stats(self):
+        """A `RolloutStats` (roll_agent/rollout/accounting.py): cumulative counters now."""
+
+    def env_manager(self, env_id: str, spec) -> Any:
+        """An EnvManager for evaluation, its requests through this rollout's proxy."""
 
     async def close(self) -> None: ...

@@ -112,11 +112,11 @@ class LLMProxy:
         self.stats["request_failures"] += 1
         self._sticky.pop(request.env_id, None)  # try another engine next
         await self.engines[idx].abort(sub_id)  # a stuck request must not keep running on the engine
-        if not getattr(self.engines[idx], "alive", True) and idx not in self._down:
+        if not self.engines[idx].alive and idx not in self._down:
             self.stats["engine_crashes"] += 1
             log.warning("engine %d crashed (%s): out of routing until restarted", idx, exc)
             self._down.add(idx)
-            if hasattr(self.engines[idx], "restart"):
+            if self.engines[idx].restartable:
                 task = asyncio.create_task(self._restart(idx), name=f"restart-engine-{idx}")
                 self._restarts.add(task)
                 task.add_done_callback(self._restarts.discard)

@@ -49,6 +49,9 @@ async def call(ref):
 class RemoteEngine:
     """An engine actor as the LLMProxy sees it (the Engine protocol)."""
 
+    alive = True
+    restartable = False  # Ray restarts a dead engine actor (ProxyHost re-syncs it)
+
     def __init__(self, handle, index: int, on_lost):
         self.handle = handle
         self.index = index
@@ -72,6 +75,13 @@ class RemoteEngine:
                 await self.handle.abort.remote(request_id)
             except RayActorError:
                 self._on_lost(self)
+
+    async def load_weights(self, named_tensors, version: int) -> int:
+        """Weights through the object store: `named_tensors` is best the object the trainer returned
+        (an ObjectRef: each engine actor reads it, nothing passes through this one). Returns the bytes."""
+        if not isinstance(named_tensors, ray.ObjectRef):
+            named_tensors = list(named_tensors)
+        return await self.handle.load_weights.remote(named_tensors, version)
 
     async def close(self) -> None:
         try:
@@ -123,7 +133,7 @@ class ObjectStoreSync:
     async def push(self, engines: list[RemoteEngine], version: int) -> dict:
         start = time.perf_counter()
         ref = self.trainer.named_weights.remote()
-        moved = await asyncio.gather(*(e.handle.load_weights.remote(ref, version) for e in engines))
+        moved = await asyncio.gather(*(e.load_weights(ref, version) for e in engines))
         return {"bytes": sum(moved), "seconds": time.perf_counter() - start}
 
 

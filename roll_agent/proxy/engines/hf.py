@@ -50,6 +50,9 @@ class _Batch:
 
 
 class HFEngine:
+    alive = True
+    restartable = False  # a crash takes it out of routing for good
+
     def __init__(self, model_path: str, cfg: EngineConfig, model_cfg: ModelConfig, seed: int = 0):
         self.cfg = cfg
         self.device = torch.device(cfg.device)

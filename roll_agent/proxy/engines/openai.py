@@ -33,6 +33,9 @@ class OpenAIEngineError(RuntimeError):
 
 
 class OpenAIEngine:
+    alive = True
+    restartable = False  # a crash takes it out of routing for good
+
     def __init__(self, model_path: str, cfg: EngineConfig, model_cfg: ModelConfig, seed: int = 0):
         self.cfg = cfg.openai
         self.model_path = model_path

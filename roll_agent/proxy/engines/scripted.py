@@ -29,6 +29,9 @@ class EngineError(RuntimeError):
 
 
 class ScriptedEngine:
+    alive = True  # False from a crash until restart()
+    restartable = True  # restart(): back after restart_s with its initial weights
+
     def __init__(self, cfg: ScriptedEngineConfig | None = None, seed: int = 0, script: Script | None = None,
                  token_range: tuple[int, int] = (10, 200)):
         self.cfg = cfg or ScriptedEngineConfig()
@@ -40,7 +43,6 @@ class ScriptedEngine:
         self.requests_served = 0
         self.aborted_ids: list[str] = []
         self._abort_events: dict[str, asyncio.Event] = {}
-        self.alive = True
         self.restarts = 0
         self._requests = 0  # requests received, the clock the faults are drawn on
 

@@ -65,6 +65,9 @@ class _Request:
 
 
 class VLLMEngine:
+    alive = True
+    restartable = False  # a crash takes it out of routing for good
+
     def __init__(self, model_path: str, cfg: EngineConfig, model_cfg: ModelConfig, seed: int = 0):
         try:
             from vllm.engine.arg_utils import AsyncEngineArgs
