@@ -88,6 +88,15 @@ def _mean_diff(model, prompt, out, temperature=1.0) -> float:
     return (ref - torch.tensor(out.logprobs)).abs().mean().item()
 
 
+async def _until_generating(engine, min_tokens: int = 1) -> None:
+    """Until a request in flight has sampled `min_tokens` (a loaded machine may take seconds to
+    produce the first one; the bound is only against a hang)."""
+    deadline = time.monotonic() + 120
+    while not any(len(r.tokens) >= min_tokens for r in list(engine._requests.values())):
+        assert time.monotonic() < deadline, "no request produced tokens in 120 s"
+        await asyncio.sleep(0.05)
+
+
 def _load(engine, model, version):
     run(engine.load_weights(list(model.named_parameters()), version))
 
@@ -133,7 +142,7 @@ def test_abort_returns_partial_output_promptly(engine, original):
 
     async def go():
         task = asyncio.create_task(engine.generate([1, 2, 3], SamplingParams(max_new_tokens=2000), "long"))
-        await asyncio.sleep(0.5)
+        await _until_generating(engine)
         start = time.perf_counter()
         await engine.abort("long")
         out = await task
@@ -146,7 +155,7 @@ def test_abort_returns_partial_output_promptly(engine, original):
     out, seconds, early = run(go())
     assert out.finish_reason == "abort"
     assert 0 < len(out.token_ids) < 2000 and len(out.logprobs) == len(out.token_ids)
-    assert seconds < 2.0
+    assert seconds < 5.0  # not the 2000 tokens: a bound that holds on a loaded machine
     assert _mean_diff(original, [1, 2, 3], out) <= 1e-3
     assert early.finish_reason == "abort" and len(early.token_ids) < 2000
 
@@ -211,7 +220,7 @@ def test_proxy_suspend_update_resume_switches_weights_mid_request(engine, origin
 
     async def go():
         call = asyncio.create_task(proxy.generate(GenerateRequest(prompt, SamplingParams(max_new_tokens=1500))))
-        await asyncio.sleep(0.5)
+        await _until_generating(engine, 10)  # the switch lands mid-request
         await proxy.suspend()
         await proxy.update_weights(push, 1)
         await proxy.resume()

@@ -4,6 +4,7 @@ on a local 2-CPU Ray cluster started and stopped by the run."""
 import asyncio
 import os
 import signal
+import time
 
 import pytest
 
@@ -82,14 +83,17 @@ async def _kill_busy_env_worker(out, training) -> tuple[int, int]:
         await asyncio.sleep(0.05)
     old = await worker.pid.remote()
     os.kill(old, signal.SIGKILL)
-    while True:
-        try:
-            new = await worker.pid.remote()
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        try:  # while Ray restarts it, a call fails (RayActorError, or "Can't find actor" at submit)
+            new = await ray.get_actor("env-worker-0").pid.remote()
             if new != old:
                 return old, new
-        except ray.exceptions.RayActorError:
-            pass
+        except Exception:
+            if training.done():
+                training.result()
         await asyncio.sleep(0.2)
+    raise AssertionError("env worker 0 was not restarted within 120 s")
 
 
 @pytest.mark.slow
@@ -143,6 +147,9 @@ async def _kill_engine_after_first_step(out, training) -> dict:
     engine, proxy = ray.get_actor("engine-0"), ray.get_actor("proxy")
     os.kill(await engine.ping.remote(), signal.SIGKILL)
     while not (stats := await proxy.stats.remote()).get("engine_restarts"):
+        if training.done():  # the run ended before the restart: its own error, or a plain failure
+            training.result()
+            raise AssertionError("the run ended before the engine was restarted")
         await asyncio.sleep(0.2)
     return stats
 

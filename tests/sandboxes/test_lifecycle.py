@@ -65,7 +65,8 @@ def test_containers_of_a_crashed_run_are_removed(docker_image, host_guard):
         print(sb.id, flush=True)
     """)
     api = pool.client(None).api
-    assert api.inspect_container(cid)["State"]["Running"]  # the crash left it running
+    # the crash left it behind (its server may exit on the closed attach socket: running or not)
+    assert cid in {c["Id"] for c in api.containers(all=True)}
     pool._swept.discard(None)
     assert pool.sweep_stale(None) >= 1
     assert cid not in {c["Id"] for c in api.containers(all=True)}
