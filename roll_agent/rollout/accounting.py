@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from roll_agent.types import Status
 
 OUTCOMES = tuple(s.value for s in Status)
+PROXY_FAULTS = ("request_failures", "engine_crashes")  # the proxy counters a training step reports
 
 
 class EpisodeLedger:
@@ -48,6 +49,12 @@ class RolloutStats:
     gen_tokens: int = 0  # sampled by the engines through the proxy
     proxy_faults: dict[str, int] = field(default_factory=dict)  # request_failures, engine_crashes
     watchdog: dict[str, int] = field(default_factory=dict)  # watchdog_* counters
+
+    @classmethod
+    def of(cls, episodes: dict, in_flight: int, proxy_stats: dict, watchdog: dict) -> "RolloutStats":
+        """From a ledger's counts and an LLMProxy's `stats` dict (either runtime's)."""
+        return cls(dict(episodes), in_flight, proxy_stats["gen_tokens"], {k: proxy_stats[k] for k in PROXY_FAULTS},
+                   watchdog)
 
     def accounting(self) -> dict:
         """Cumulative outcome counters and the identity `started == sum(outcomes) + in_flight`."""

@@ -18,7 +18,6 @@ from roll_agent.rollout.groups import GroupScheduler
 from roll_agent.watchdog import Watchdog
 
 Push = Callable[[list, int], Awaitable[dict]]
-PROXY_FAULTS = ("request_failures", "engine_crashes")  # the proxy counters a training step reports
 
 
 async def _no_weights(engines: list, version: int) -> dict:
@@ -42,9 +41,8 @@ class RolloutStack:
 
     def stats(self) -> RolloutStats:
         """The cumulative counters now (`.accounting()`: the episode identity check)."""
-        proxy = self.proxy.stats
-        return RolloutStats(dict(self.buffer.ledger.counts), self.scheduler.num_in_flight, proxy["gen_tokens"],
-                            {k: proxy[k] for k in PROXY_FAULTS}, self.watchdog.metrics())
+        return RolloutStats.of(self.buffer.ledger.counts, self.scheduler.num_in_flight, self.proxy.stats,
+                               self.watchdog.metrics())
 
     async def update_weights(self, version: int, push: Push = _no_weights) -> dict:
         """Suspend -> push weights -> resume; then admission widens and stale groups are cancelled."""

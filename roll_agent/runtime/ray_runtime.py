@@ -30,10 +30,9 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 import roll_agent
 from roll_agent.config import Config, ConfigError, EnvSpec
-from roll_agent.rollout.accounting import EpisodeLedger, RolloutStats
+from roll_agent.rollout.accounting import PROXY_FAULTS, EpisodeLedger, RolloutStats
 from roll_agent.rollout.chat import ChatFormatter
 from roll_agent.rollout.env_manager import EnvManager
-from roll_agent.rollout.stack import PROXY_FAULTS
 from roll_agent.runtime.ray_hosts import BufferHost, EnvWorker, ProxyHost, RemoteProxy
 from roll_agent.runtime.ray_model_hosts import EngineHost, TrainerHost
 from roll_agent.runtime.ray_supervisor import WorkerSupervisor
@@ -281,9 +280,8 @@ class RayRollout:
     def stats(self) -> RolloutStats:
         """As RolloutStack.stats, from the last refresh: the buffer actor's ledger, the episodes in
         flight as the env workers' ledger calls and puts left them, the proxy actor's counters."""
-        proxy = self.proxy_stats
-        return RolloutStats(dict(self.buffer.ledger.counts), self.scheduler.num_in_flight, proxy["gen_tokens"],
-                            {k: proxy[k] for k in PROXY_FAULTS}, self.watchdog.metrics())
+        return RolloutStats.of(self.buffer.ledger.counts, self.scheduler.num_in_flight, self.proxy_stats,
+                               self.watchdog.metrics())
 
     async def update_weights(self, version: int, push) -> dict:
         report = await push(self.proxy_handle, version)
