@@ -81,8 +81,7 @@ class AsyncController:
         step = p.trainer.version
         if step == 0:
             await self._evaluate(step)
-        rollout.scheduler.start()
-        rollout.watchdog.start()
+        rollout.start()
         try:
             while step < self.max_steps:
                 t0 = time.perf_counter()
@@ -103,7 +102,7 @@ class AsyncController:
                 if self.eval_cfg.every and step % self.eval_cfg.every == 0 and step < self.max_steps:
                     await self._evaluate(step)
         finally:
-            await rollout.scheduler.stop()
+            await rollout.stop()
         self.logger.log({"step": step, **rollout.stats().accounting()})  # after shutdown: the cancelled rest counted
         await self._evaluate(step)
         self.save(step)
@@ -114,22 +113,20 @@ class AsyncController:
         (they start afresh) and is retried, `max_batch_stalls` times in a row at most."""
         rollout, cfg = self.p.rollout, self.p.rollout.watchdog.cfg
         for _ in range(cfg.max_batch_stalls):
-            what = f"batch for version {version + 1} ({len(rollout.buffer)} groups ready)"
+            what = f"batch for version {version + 1} ({rollout.num_ready()} groups ready)"
             try:
                 async with rollout.watchdog.watch("batch", what, cfg.batch_timeout_s):
-                    return await rollout.buffer.get_batch(version)
+                    return await rollout.get_batch(version)
             except Stuck:
                 log.warning("watchdog: still waiting on %s", "; ".join(rollout.watchdog.oldest()) or "nothing")
-                await rollout.scheduler.cancel_running()
+                await rollout.cancel_running()
         raise RuntimeError(f"no batch for version {version + 1} after {cfg.max_batch_stalls} waits of "
                            f"{cfg.batch_timeout_s:.0f}s (watchdog.batch_timeout_s); the envs or engines are stuck: "
                            "see the watchdog warnings above")
 
     def save(self, step: int) -> None:
         p = self.p
-        state = {"buffer": p.rollout.buffer.state_dict(p.rollout.scheduler.num_in_flight),
-                 "scheduler": p.rollout.scheduler.state_dict()}
-        self.checkpointer.save(step, p.trainer, p.tokenizer, state)
+        self.checkpointer.save(step, p.trainer, p.tokenizer, p.rollout.state_dict())
 
     async def _evaluate(self, step: int) -> None:
         if not self.eval_cfg.num_episodes:

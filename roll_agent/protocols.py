@@ -12,7 +12,7 @@ from typing import Any, Awaitable, Callable, Iterable, Protocol, runtime_checkab
 
 import torch
 
-from roll_agent.types import EngineOutput, Group, SamplingParams, Trajectory
+from roll_agent.types import EngineOutput, GenerateRequest, GenerateResult, Group, SamplingParams, Status, Trajectory
 
 
 @runtime_checkable
@@ -32,6 +32,46 @@ class Engine(Protocol):
         """Replace the weights (called only while the proxy is suspended and this engine is idle)."""
 
     async def close(self) -> None: ...
+
+
+@runtime_checkable
+class Proxy(Protocol):
+    """The LLMProxy as an EnvManager calls it."""
+
+    version: int  # the weights it serves now: dates an episode's start
+
+    async def generate(self, request: GenerateRequest) -> GenerateResult:
+        """Raises GenerationAborted once `abort(request.env_id)` was called."""
+
+    def clear_abort(self, env_id: str) -> None:
+        """A notification (returns nothing): the env may generate again."""
+
+
+@runtime_checkable
+class Ledger(Protocol):
+    """Where episode outcomes are counted (roll_agent/rollout/accounting.py, EpisodeLedger)."""
+
+    def start(self, n: int = 1) -> None: ...
+
+    def end(self, outcome: Status, n: int = 1) -> None: ...
+
+
+@runtime_checkable
+class Buffer(Protocol):
+    """The SampleBuffer as a GroupScheduler fills it: admission, finished groups, outcomes."""
+
+    async_ratio: int
+    ledger: Ledger
+
+    def is_fresh(self, min_version: int, train_version: int) -> bool: ...
+
+    async def admit(self) -> None:
+        """Wait for places for one more group (the async-ratio bound)."""
+
+    async def release(self) -> None:
+        """Give back an admitted group's places: it produced nothing."""
+
+    async def put(self, group: Group) -> None: ...
 
 
 @runtime_checkable
@@ -68,15 +108,33 @@ class WeightSync(Protocol):
 class Rollout(Protocol):
     """The rollout half as the controller drives it (`RolloutStack` locally, `RayRollout` over actors)."""
 
-    buffer: Any  # get_batch(version), len(), state_dict / load_state_dict (SampleBuffer's surface)
-    scheduler: Any  # start, stop, cancel_running, num_in_flight, state_dict (GroupScheduler's surface)
     watchdog: Any  # the Watchdog of the controller's own waits
+
+    def start(self) -> None:
+        """Start playing groups (and the watchdog)."""
+
+    async def stop(self) -> None:
+        """Stop playing: the running episodes are cancelled and counted."""
+
+    async def get_batch(self, version: int) -> list[Group]:
+        """The next `groups_per_batch` groups fresh enough to train version `version + 1` on; waits."""
+
+    def num_ready(self) -> int:
+        """Groups waiting to be trained on."""
+
+    async def cancel_running(self) -> int:
+        """Cancel every running episode (they start afresh): the answer to a batch that never fills."""
 
     async def update_weights(self, version: int, push: Push) -> dict:
         """Suspend the proxy, `push`, resume; then admission widens and stale groups are cancelled."""
 
     def stats(self):
         """A `RolloutStats` (roll_agent/rollout/accounting.py): cumulative counters now."""
+
+    def state_dict(self) -> dict:
+        """What a checkpoint keeps: the buffer's groups and counters, the scheduler's seeds."""
+
+    def load_state_dict(self, state: dict) -> None: ...
 
     def env_manager(self, env_id: str, spec) -> Any:
         """An EnvManager for evaluation, its requests through this rollout's proxy."""

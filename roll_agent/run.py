@@ -76,8 +76,7 @@ async def run_components(cfg: Config, runtime, model_path: str, out: Path) -> in
 
     rollout = runtime.make_rollout(formatter, trainer.version)
     if rollout_state is not None:
-        rollout.buffer.load_state_dict(rollout_state["buffer"])
-        rollout.scheduler.load_state_dict(rollout_state["scheduler"])
+        rollout.load_state_dict(rollout_state)
     eval_managers = [rollout.env_manager(f"eval-{s.name}-{i}", s)
                      for s in cfg.envs for i in range(min(cfg.eval.num_episodes, 16))]
     parts = Components(rollout, trainer, runtime.make_weight_sync(trainer), eval_managers, tokenizer)

@@ -9,13 +9,18 @@ from __future__ import annotations
 import atexit
 import collections
 import dataclasses
+import logging
 import socket
 import threading
+import time
 
 from . import procs
 from .base import SandboxError
 from .channel import SERVER_CMD, Channel
 from .config import LABEL, OWNER_LABEL, DockerConfig
+
+log = logging.getLogger(__name__)
+REMOVE_TIMEOUT_S = 60.0  # a busy daemon can refuse a removal for a while ("cannot kill", "in use")
 
 HOST_LABEL = "roll_agent.host"
 _lock = threading.Lock()
@@ -129,18 +134,27 @@ def create_container(cfg: DockerConfig) -> Container:
 
 
 def remove(api, cid: str) -> None:
-    """SIGKILL and delete at once: no 10 s stop grace period, nothing left behind."""
+    """SIGKILL and delete at once: no 10 s stop grace period, nothing left behind. A removal the
+    daemon refuses (it can, under load) is retried until REMOVE_TIMEOUT_S; one still refused
+    then is logged, and the sweep of a later start removes it once this process has exited."""
     import docker
+    import requests
 
-    for _ in range(3):
+    deadline, delay = time.monotonic() + REMOVE_TIMEOUT_S, 0.1
+    while True:
         try:
             api.remove_container(cid, force=True, v=True)
             return
         except docker.errors.NotFound:
             return
-        except docker.errors.APIError as e:
+        except (docker.errors.APIError, requests.exceptions.RequestException) as e:
             if "already in progress" in str(e):
                 return
+            if time.monotonic() > deadline:
+                log.warning("could not remove sandbox container %s: %s", cid[:12], e)
+                return
+        time.sleep(delay)
+        delay = min(2 * delay, 2.0)
 
 
 def discard(cfg: DockerConfig, c: Container) -> None:

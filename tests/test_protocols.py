@@ -21,11 +21,15 @@ from roll_agent.train.trainer import TorchTrainer
 from roll_agent.train.weight_sync import InProcessSync
 
 ray = pytest.importorskip("ray")
-from roll_agent.runtime.ray_hosts import RemoteEngine  # noqa: E402
+from roll_agent.proxy.llm_proxy import LLMProxy  # noqa: E402
+from roll_agent.rollout.buffer import SampleBuffer  # noqa: E402
+from roll_agent.runtime.ray_hosts import OwnedBuffer, RayProxy, RemoteBuffer, RemoteEngine, RemoteProxy  # noqa: E402
 from roll_agent.runtime.ray_runtime import RaySync, RayRollout, RemoteTrainer  # noqa: E402
 
 IMPLEMENTATIONS = {
     protocols.Engine: [HFEngine, VLLMEngine, OpenAIEngine, ScriptedEngine, RemoteEngine],
+    protocols.Proxy: [LLMProxy, RayProxy, RemoteProxy],
+    protocols.Buffer: [SampleBuffer, OwnedBuffer, RemoteBuffer],
     protocols.Trainer: [TorchTrainer, DeepSpeedTrainer, ProcessTrainer, RemoteTrainer],
     protocols.WeightSync: [InProcessSync, RaySync],
     protocols.Rollout: [RolloutStack, RayRollout],

@@ -15,6 +15,7 @@ from roll_agent.rollout.buffer import SampleBuffer
 from roll_agent.rollout.chat import ChatFormatter
 from roll_agent.rollout.env_manager import EnvManager
 from roll_agent.rollout.groups import GroupScheduler
+from roll_agent.types import Group
 from roll_agent.watchdog import Watchdog
 
 Push = Callable[[list, int], Awaitable[dict]]
@@ -38,6 +39,30 @@ class RolloutStack:
 
     def env_manager(self, env_id: str, spec: EnvSpec) -> EnvManager:
         return EnvManager(env_id, spec, self.formatter, self.proxy, self.cfg, self.executor, self.watchdog)
+
+    def start(self) -> None:
+        self.scheduler.start()
+        self.watchdog.start()
+
+    async def stop(self) -> None:
+        await self.scheduler.stop()
+
+    async def get_batch(self, version: int) -> list[Group]:
+        return await self.buffer.get_batch(version)
+
+    def num_ready(self) -> int:
+        return len(self.buffer)
+
+    async def cancel_running(self) -> int:
+        return await self.scheduler.cancel_running()
+
+    def state_dict(self) -> dict:
+        return {"buffer": self.buffer.state_dict(self.scheduler.num_in_flight),
+                "scheduler": self.scheduler.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.buffer.load_state_dict(state["buffer"])
+        self.scheduler.load_state_dict(state["scheduler"])
 
     def stats(self) -> RolloutStats:
         """The cumulative counters now (`.accounting()`: the episode identity check)."""

@@ -1,6 +1,7 @@
-"""The rollout-side actors (proxy, buffer, env workers) and the clients through which a
-component in one actor calls a component in another. The components are the plain
-classes of the local runtime; a client only turns a method call into an actor call.
+"""The rollout side under Ray: the proxy over engine actors, the buffer actor, the env
+workers, and the clients through which a component in one actor calls one in another.
+Engines, trainer and proxy sit in `Host` actors; their clients are derived from the
+contracts (roll_agent/runtime/forward.py, roll_agent/protocols.py).
 
 Faults: an engine actor that dies is restarted by Ray; its requests come back to the
 LLMProxy as aborts (re-issued from their prefix, so no episode is lost), and the proxy
@@ -13,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 
@@ -21,10 +21,14 @@ import ray
 from ray.exceptions import ActorDiedError, RayActorError
 
 from roll_agent.config import Config, RolloutConfig
+from roll_agent.protocols import Buffer, Ledger, Proxy
 from roll_agent.proxy.llm_proxy import LLMProxy
 from roll_agent.rollout.buffer import SampleBuffer
 from roll_agent.rollout.env_manager import EnvManager
 from roll_agent.rollout.groups import GroupScheduler
+from roll_agent.runtime import ray_weight_sync
+from roll_agent.runtime.forward import answer, answer_async, forwards
+from roll_agent.runtime.ray_weight_sync import BroadcastSync, ObjectStoreSync
 from roll_agent.types import EngineOutput, Group, Status
 from roll_agent.watchdog import Watchdog
 
@@ -47,7 +51,8 @@ async def call(ref):
 
 # ---- proxy and engines -----------------------------------------------------------
 class RemoteEngine:
-    """An engine actor as the LLMProxy sees it (the Engine protocol)."""
+    """An engine actor (a Host of the engine) as the LLMProxy sees it: the Engine protocol, a
+    dead actor's requests answered as aborts (the proxy re-issues them from their prefix)."""
 
     alive = True
     restartable = False  # Ray restarts a dead engine actor (ProxyHost re-syncs it)
@@ -64,15 +69,16 @@ class RemoteEngine:
             await asyncio.sleep(DOWN_RETRY_S)
             return EngineOutput([], [], "abort")
         try:
-            return await call(self.handle.generate.remote(prompt_ids, sampling, request_id))
+            output, _ = await call(self.handle.invoke.remote("generate", (prompt_ids, sampling, request_id), {}))
+            return output
         except RayActorError:
             self._on_lost(self)
-            return EngineOutput([], [], "abort")  # the proxy re-issues it from its prefix
+            return EngineOutput([], [], "abort")
 
     async def abort(self, request_id: str) -> None:
         if not self.down:
             try:
-                await self.handle.abort.remote(request_id)
+                await self.handle.invoke.remote("abort", (request_id,), {})
             except RayActorError:
                 self._on_lost(self)
 
@@ -81,97 +87,43 @@ class RemoteEngine:
         (an ObjectRef: each engine actor reads it, nothing passes through this one). Returns the bytes."""
         if not isinstance(named_tensors, ray.ObjectRef):
             named_tensors = list(named_tensors)
-        return await self.handle.load_weights.remote(named_tensors, version)
+        return await self.handle.apply.remote(ray_weight_sync.load_weights, named_tensors, version)
 
     async def close(self) -> None:
         try:
-            await self.handle.close.remote()
+            await self.handle.apply.remote(ray_weight_sync.close_engine)
         except RayActorError:
             pass
 
 
-class BroadcastSync:
-    """torch.distributed broadcast from the trainer actor to every engine actor."""
-
-    def __init__(self, trainer, bucket_mb: float, backend: str):
-        self.trainer = trainer
-        self.bucket_mb = bucket_mb
-        self.backend = backend
-        self.spec = None
-        self.formed = False
-
-    async def _form(self, engines: list[RemoteEngine]) -> None:
-        if self.spec is None:
-            self.spec = await self.trainer.weight_spec.remote()
-        init = await self.trainer.rendezvous.remote()
-        world = len(engines) + 1
-        await asyncio.gather(self.trainer.join_group.remote(init, world, 0, self.backend),
-                             *(e.handle.join_group.remote(init, world, e.index + 1, self.backend) for e in engines))
-        self.formed = True
-
-    async def push(self, engines: list[RemoteEngine], version: int) -> dict:
-        start = time.perf_counter()
-        if not self.formed:
-            await self._form(engines)
-        try:
-            sent, *_ = await asyncio.gather(self.trainer.send_weights.remote(self.bucket_mb),
-                                            *(e.handle.receive.remote(self.spec, self.bucket_mb, version)
-                                              for e in engines))
-        except Exception:
-            self.formed = False  # a rank failed mid-broadcast: the next sync forms the group anew
-            raise
-        return {"bytes": sent["bytes"] * len(engines), "seconds": time.perf_counter() - start}
-
-
-class ObjectStoreSync:
-    """For small payloads (LoRA adapters): the trainer returns them once, each engine reads that object."""
-
-    def __init__(self, trainer):
-        self.trainer = trainer
-        self.formed = True
-
-    async def push(self, engines: list[RemoteEngine], version: int) -> dict:
-        start = time.perf_counter()
-        ref = self.trainer.named_weights.remote()
-        moved = await asyncio.gather(*(e.load_weights(ref, version) for e in engines))
-        return {"bytes": sum(moved), "seconds": time.perf_counter() - start}
-
-
-class ProxyHost:
-    """The LLMProxy over engine actors, and the weight sync that feeds them."""
+class RayProxy(LLMProxy):
+    """The LLMProxy over engine actors, and the weight sync that feeds them: the proxy actor's
+    component. The driver calls `sync_weights`, `report` and `close` through `Host.apply`."""
 
     def __init__(self, cfg: Config, engine_handles: list, trainer, sync_type: str, version: int):
-        self.engines = [RemoteEngine(h, i, self._engine_lost) for i, h in enumerate(engine_handles)]
-        self.watchdog = Watchdog(cfg.watchdog)  # request_timeout_s; its counts reach the driver's
-        self.proxy = LLMProxy(self.engines, cfg.proxy, version=version, watchdog=self.watchdog)
-        backend = "nccl" if cfg.engine.device.startswith("cuda") else "gloo"
+        engines = [RemoteEngine(h, i, self._engine_lost) for i, h in enumerate(engine_handles)]
+        # the watchdog times requests (request_timeout_s); its counts reach the driver's
+        super().__init__(engines, cfg.proxy, version=version, watchdog=Watchdog(cfg.watchdog))
         self.sync = ObjectStoreSync(trainer) if sync_type == "object_store" else \
-            BroadcastSync(trainer, cfg.weight_sync.bucket_mb, backend)
+            BroadcastSync(trainer, cfg.weight_sync.bucket_mb, cfg.trainer.device, cfg.engine.device)
         self.faults = Counter()  # engine_restarts, engine_requests_lost, sync_retries
         self.max_restarts = cfg.runtime.ray.max_restarts
         self._lock = asyncio.Lock()  # one suspend-update-resume at a time (the controller's or a recovery)
         self._recovering: set[int] = set()
 
-    async def generate(self, request):
-        return await self.proxy.generate(request)
+    def report(self) -> dict:
+        return {"stats": {**self.stats, **self.faults, "version": self.version},
+                "watchdog": dict(self.watchdog.stats), "oldest": self.watchdog.oldest()}
 
-    def clear_abort(self, env_id: str) -> None:
-        self.proxy.clear_abort(env_id)
-
-    def stats(self) -> dict:
-        return {**self.proxy.stats, **self.faults, "version": self.proxy.version}
-
-    def watchdog_report(self) -> dict:
-        return {"stats": dict(self.watchdog.stats), "oldest": self.watchdog.oldest()}
-
-    async def update_weights(self, version: int) -> dict:
+    async def sync_weights(self, version: int) -> dict:
+        """Suspend -> push -> resume; an engine that dies mid-sync is waited for, then all are synced again."""
         self.watchdog.start()  # the first call of the run (the initial sync): the loop is running
         async with self._lock:
-            await self.proxy.suspend()
+            await self.suspend()
             try:
                 for retry in range(self.max_restarts + 1):
                     try:
-                        return await self.proxy.update_weights(self.sync.push, version)
+                        return await self.update_weights(self.sync.push, version)
                     except Exception:  # an engine died mid-sync (the trainer then sees "connection closed"):
                         if retry == self.max_restarts:  # wait for its restart, then sync all again
                             raise  # _alive raises first for an actor that is gone for good
@@ -180,7 +132,7 @@ class ProxyHost:
                                     version, exc_info=True)
                         await asyncio.gather(*(_alive(e.handle) for e in self.engines))
             finally:
-                await self.proxy.resume()
+                await self.resume()
 
     def _engine_lost(self, engine: RemoteEngine) -> None:
         self.faults["engine_requests_lost"] += 1
@@ -197,14 +149,14 @@ class ProxyHost:
             log.error("engine %d is dead for good (runtime.ray.max_restarts spent)", engine.index)
             return
         self.sync.formed = False
-        await self.update_weights(self.proxy.version)
+        await self.sync_weights(self.version)
         engine.down = False
         self._recovering.discard(engine.index)
         self.faults["engine_restarts"] += 1
-        log.warning("engine %d restarted and re-synced to version %d", engine.index, self.proxy.version)
+        log.warning("engine %d restarted and re-synced to version %d", engine.index, self.version)
 
     async def close(self) -> None:
-        await self.proxy.close()
+        await super().close()
         await self.watchdog.close()
 
 
@@ -220,19 +172,21 @@ async def _alive(handle) -> None:
             await asyncio.sleep(0.5)
 
 
+@forwards(Proxy)
 class RemoteProxy:
-    """The proxy actor as an EnvManager sees it. `version` is the served version, set by the
-    env worker at each weight update (EnvManager only reads it to date an episode's start)."""
+    """The proxy actor as an EnvManager sees it. `version` is the served version as of the last
+    answer, or as the env worker set it at a weight update."""
 
     def __init__(self, handle, version: int = 0):
         self.handle = handle
         self.version = version
 
-    async def generate(self, request):
-        return await call(self.handle.generate.remote(request))
+    async def _forward_async(self, name: str, args: tuple, kwargs: dict):
+        return await call(self.handle.invoke.remote(name, args, kwargs))
 
-    def clear_abort(self, env_id: str) -> None:
-        self.handle.clear_abort.remote(env_id)
+    def _forward(self, name: str, args: tuple, kwargs: dict):
+        self.handle.invoke.remote(name, args, kwargs)  # a notification: not waited for
+        return None, {}
 
 
 # ---- buffer and env workers ---------------------------------------------------------
@@ -248,34 +202,13 @@ class BufferHost:
         self.dead: set = set()
         self.last_group_id: dict[int, int] = {}  # worker -> highest group id it put
 
-    def ledger_start(self, owner: tuple, n: int) -> None:
-        if owner not in self.dead:
-            self.buffer.ledger.start(n)
-            self.in_flight[owner] += n
-
-    def ledger_end(self, owner: tuple, outcome: Status, n: int) -> None:
-        if owner not in self.dead:  # a late message of a dead worker: its episodes already ended as lost
-            self.buffer.ledger.end(outcome, n)
-            self.in_flight[owner] -= n
-
-    async def admit(self, owner: tuple) -> None:
-        await self.buffer.admit()
-        if owner in self.dead:  # admitted after its worker died: nobody will use the places
-            await self.buffer.release()
-        else:
-            self.held[owner] += 1
-
-    async def release(self, owner: tuple) -> None:
-        if owner not in self.dead:
-            self.held[owner] -= 1
-            await self.buffer.release()
-
-    async def put(self, owner: tuple, group: Group) -> None:
-        if owner not in self.dead:
-            self.held[owner] -= 1
-            self.in_flight[owner] -= len(group.trajectories)  # in flight still, now counted as waiting here
-            self.last_group_id[owner[0]] = max(group.group_id, self.last_group_id.get(owner[0], -1))
-            await self.buffer.put(group)
+    async def call_as(self, owner: tuple, name: str, args: tuple, kwargs: dict):
+        """A Buffer call (or, named `ledger.start` / `ledger.end`, a Ledger call) of the env-worker
+        incarnation `owner` (a RemoteBuffer's)."""
+        view = OwnedBuffer(self, owner)
+        if name.startswith("ledger."):
+            return answer(view, Ledger, name.removeprefix("ledger."), args, kwargs)
+        return await answer_async(view, Buffer, name, args, kwargs)
 
     async def release_owner(self, owner: tuple) -> int:
         """The worker incarnation `owner` died: give back its places, end its episodes as lost
@@ -309,40 +242,75 @@ class BufferHost:
         self.buffer.load_state_dict(state)
 
 
-class RemoteLedger:
-    """The buffer actor's EpisodeLedger as a GroupScheduler records into it (from done
-    callbacks, so the calls are not awaited; Ray delivers one caller's calls in order)."""
+class OwnedBuffer:
+    """The Buffer (and its Ledger) as one env-worker incarnation fills it, in the buffer actor:
+    every call is counted against its owner; a dead owner's late calls change nothing."""
 
-    def __init__(self, handle, owner: tuple):
-        self.handle = handle
-        self.owner = owner
+    is_fresh = SampleBuffer.is_fresh
+
+    def __init__(self, host: BufferHost, owner: tuple):
+        self.host, self.owner = host, owner
+        self.async_ratio = host.buffer.async_ratio
+        self.ledger = self
 
     def start(self, n: int = 1) -> None:
-        self.handle.ledger_start.remote(self.owner, n)
+        if self.owner not in self.host.dead:
+            self.host.buffer.ledger.start(n)
+            self.host.in_flight[self.owner] += n
 
     def end(self, outcome: Status, n: int = 1) -> None:
-        self.handle.ledger_end.remote(self.owner, outcome, n)
+        if self.owner not in self.host.dead:  # a late message of a dead worker: its episodes already ended as lost
+            self.host.buffer.ledger.end(outcome, n)
+            self.host.in_flight[self.owner] -= n
+
+    async def admit(self) -> None:
+        host = self.host
+        await host.buffer.admit()
+        if self.owner in host.dead:  # admitted after its worker died: nobody will use the places
+            await host.buffer.release()
+        else:
+            host.held[self.owner] += 1
+
+    async def release(self) -> None:
+        if self.owner not in self.host.dead:
+            self.host.held[self.owner] -= 1
+            await self.host.buffer.release()
+
+    async def put(self, group: Group) -> None:
+        host = self.host
+        if self.owner not in host.dead:
+            host.held[self.owner] -= 1
+            host.in_flight[self.owner] -= len(group.trajectories)  # in flight still, now counted as waiting here
+            host.last_group_id[self.owner[0]] = max(group.group_id, host.last_group_id.get(self.owner[0], -1))
+            await host.buffer.put(group)
 
 
+@forwards(Ledger)
+class RemoteLedger:
+    """The buffer actor's ledger as a GroupScheduler records into it (from done callbacks, so the
+    calls are notifications; Ray delivers one caller's calls in order)."""
+
+    def __init__(self, handle, owner: tuple):
+        self.handle, self.owner = handle, owner
+
+    def _forward(self, name: str, args: tuple, kwargs: dict):
+        self.handle.call_as.remote(self.owner, f"ledger.{name}", args, kwargs)
+        return None, {}
+
+
+@forwards(Buffer)
 class RemoteBuffer:
     """The buffer actor as a GroupScheduler sees it, on behalf of one env-worker incarnation."""
 
     is_fresh = SampleBuffer.is_fresh  # a pure function of async_ratio: no call needed
 
     def __init__(self, handle, cfg: RolloutConfig, owner: tuple):
-        self.handle = handle
+        self.handle, self.owner = handle, owner
         self.async_ratio = cfg.async_ratio
-        self.owner = owner
         self.ledger = RemoteLedger(handle, owner)
 
-    async def admit(self) -> None:
-        await call(self.handle.admit.remote(self.owner))
-
-    async def release(self) -> None:
-        await call(self.handle.release.remote(self.owner))
-
-    async def put(self, group: Group) -> None:
-        await call(self.handle.put.remote(self.owner, group))
+    async def _forward_async(self, name: str, args: tuple, kwargs: dict):
+        return await call(self.handle.call_as.remote(self.owner, name, args, kwargs))
 
 
 class EnvWorker:

@@ -14,6 +14,7 @@ its episodes in flight end as `lost` in the buffer actor's episode ledger (`epis
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import os
 import shutil
@@ -30,11 +31,12 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 import roll_agent
 from roll_agent.config import Config, ConfigError, EnvSpec
+from roll_agent.protocols import Engine, Proxy, Trainer
 from roll_agent.rollout.accounting import PROXY_FAULTS, EpisodeLedger, RolloutStats
 from roll_agent.rollout.chat import ChatFormatter
 from roll_agent.rollout.env_manager import EnvManager
-from roll_agent.runtime.ray_hosts import BufferHost, EnvWorker, ProxyHost, RemoteProxy
-from roll_agent.runtime.ray_model_hosts import EngineHost, TrainerHost
+from roll_agent.runtime.forward import AsyncHost, Host, forwards
+from roll_agent.runtime.ray_hosts import BufferHost, EnvWorker, RayProxy, RemoteProxy
 from roll_agent.runtime.ray_supervisor import WorkerSupervisor
 from roll_agent.watchdog import Watchdog
 
@@ -145,18 +147,18 @@ class RayRuntime:
     # ---- components ----------------------------------------------------------------
     def make_trainer(self) -> "RemoteTrainer":
         rc = self.rc
-        actor = ray.remote(TrainerHost).options(name="trainer", **self._at(0, rc.cpus_per_trainer, rc.gpus_per_trainer))
-        self.trainer_handle = actor.remote(self.cfg, self.model_path)
+        actor = ray.remote(Host).options(name="trainer", **self._at(0, rc.cpus_per_trainer, rc.gpus_per_trainer))
+        self.trainer_handle = actor.remote(Trainer, build_trainer, self.cfg, self.model_path)
         self.actors.append(self.trainer_handle)
         return RemoteTrainer(self.trainer_handle)
 
     def make_rollout(self, formatter: ChatFormatter, version: int) -> "RayRollout":
         cfg, rc = self.cfg, self.rc
-        engines = [ray.remote(EngineHost).options(name=f"engine-{i}", **self._at(
+        engines = [ray.remote(AsyncHost).options(name=f"engine-{i}", **self._at(
                        1 + i, rc.cpus_per_engine, rc.gpus_per_engine, max_restarts=rc.max_restarts))
-                   .remote(cfg, self.model_path, cfg.seed + i) for i in range(cfg.engine.num_engines)]
-        proxy = ray.remote(ProxyHost).options(name="proxy", **self._at(1, max_concurrency=10_000)).remote(
-            cfg, engines, self.trainer_handle, self.sync_type, version)
+                   .remote(Engine, build_engine, cfg, self.model_path, cfg.seed + i) for i in range(cfg.engine.num_engines)]
+        proxy = ray.remote(AsyncHost).options(name="proxy", **self._at(1, max_concurrency=10_000)).remote(
+            Proxy, RayProxy, cfg, engines, self.trainer_handle, self.sync_type, version)
         buffer = ray.remote(BufferHost).options(name="buffer", **self._at(0, max_concurrency=10_000)).remote(
             cfg.rollout, version)
         first = 1 + cfg.engine.num_engines
@@ -171,6 +173,28 @@ class RayRuntime:
         return RaySync()
 
 
+def _threads(n: int) -> None:
+    if n:  # otherwise Ray's default: as many intra-op threads as CPUs reserved for the actor
+        import torch
+
+        torch.set_num_threads(n)
+
+
+def build_trainer(cfg: Config, model_path: str):
+    """In the trainer actor (trainer.type=deepspeed: a world of one there)."""
+    from roll_agent.train.trainer import trainer_for_run
+
+    _threads(cfg.runtime.torch_threads)
+    return trainer_for_run(cfg, model_path)
+
+
+def build_engine(cfg: Config, model_path: str, seed: int):
+    from roll_agent.proxy.engines import make_engines
+
+    _threads(cfg.runtime.torch_threads)
+    return make_engines(dataclasses.replace(cfg.engine, num_engines=1), cfg.model, model_path, seed=seed)[0]
+
+
 def _bundle(cpus: float, gpus: float) -> dict:
     bundle = {k: v for k, v in (("CPU", cpus), ("GPU", gpus)) if v > 0}
     if not bundle:
@@ -179,35 +203,23 @@ def _bundle(cpus: float, gpus: float) -> dict:
 
 
 # ---- façades the controller drives -----------------------------------------------------
+@forwards(Trainer)
 class RemoteTrainer:
-    """The trainer actor with the TorchTrainer interface (blocking calls, as the controller makes them)."""
+    """The trainer actor as the controller calls it (blocking, as the Trainer contract is)."""
 
     def __init__(self, handle):
         self.handle = handle
-        self.version = ray.get(handle.version.remote())
+        self.__dict__.update(ray.get(handle.state.remote()))
 
-    def step(self, batch) -> dict:
-        metrics, self.version = ray.get(self.handle.step.remote(batch))
-        return metrics
-
-    def sft_step(self, trajs, lr: float) -> dict:
-        return ray.get(self.handle.sft_step.remote(trajs, lr))
-
-    def reset_reference(self) -> None:
-        ray.get(self.handle.reset_reference.remote())
-
-    def save(self, path: Path) -> None:
-        ray.get(self.handle.save.remote(str(path)))
-
-    def load(self, path: Path) -> None:
-        self.version = ray.get(self.handle.load.remote(str(path)))
+    def _forward(self, name: str, args: tuple, kwargs: dict):
+        return ray.get(self.handle.invoke.remote(name, args, kwargs))
 
 
 class RaySync:
     """Weight sync runs in the proxy actor (which owns the engines); this asks it for one."""
 
     async def push(self, proxy, version: int) -> dict:
-        return await proxy.update_weights.remote(version)
+        return await proxy.apply.remote(RayProxy.sync_weights, version)
 
 
 class ClusterWatchdog(Watchdog):
@@ -227,47 +239,18 @@ class ClusterWatchdog(Watchdog):
         return (super().oldest(n) + [f"(at the last step) {w}" for w in self.remote_oldest])[:n]
 
 
-class BufferView:
-    """The SampleBuffer interface over the buffer actor; the synchronous reads (ledger,
-    stats, len, state_dict) answer from the snapshot of the last refresh."""
-
-    def __init__(self, handle):
-        self.handle = handle
-        self.ledger = EpisodeLedger()  # counts copied from the actor's ledger
-        self.stats: dict = {}
-        self.state: dict = {}
-        self.waiting = 0
-        self.in_flight = 0
-
-    async def refresh(self) -> None:
-        snap = await self.handle.snapshot.remote()
-        self.stats, self.state, self.waiting = snap["stats"], snap["state"], snap["waiting"]
-        self.ledger.counts, self.in_flight = Counter(snap["counts"]), snap["in_flight"]
-
-    async def get_batch(self, train_version: int):
-        return await self.handle.get_batch.remote(train_version)
-
-    def state_dict(self, in_flight: int = 0) -> dict:
-        return {**self.state, "episodes": self.ledger.state_dict(in_flight)}
-
-    def load_state_dict(self, state: dict) -> None:
-        ray.get(self.handle.load_state_dict.remote(state))
-
-    def __len__(self) -> int:
-        return self.waiting
-
-
 class RayRollout:
-    """The RolloutStack interface over the actors: proxy, buffer, scheduler, watchdog,
-    accounting, update_weights, close."""
+    """The Rollout contract over the actors: proxy, buffer, env workers (supervised). The
+    synchronous reads (stats, num_ready, state_dict) answer from the snapshot of the last
+    refresh (after each weight update, and at stop)."""
 
     def __init__(self, cfg: Config, formatter: ChatFormatter, proxy, buffer, workers: list, version: int):
         self.cfg = cfg
         self.formatter = formatter
-        self.proxy_handle = proxy
-        self.proxy_stats: dict = {"gen_tokens": 0, **dict.fromkeys(PROXY_FAULTS, 0)}  # at the last refresh
-        self.buffer = BufferView(buffer)
-        self.scheduler = WorkerSupervisor(workers, self.buffer, version, cfg.runtime.ray.max_restarts)
+        self.proxy_handle, self.buffer_handle = proxy, buffer
+        self.proxy_stats: dict = {"gen_tokens": 0, **dict.fromkeys(PROXY_FAULTS, 0)}
+        self.buffer_snapshot: dict = {"counts": {}, "in_flight": 0, "waiting": 0, "state": {}}
+        self.scheduler = WorkerSupervisor(workers, buffer, version, cfg.runtime.ray.max_restarts)
         self.watchdog = ClusterWatchdog(cfg.watchdog)
         self.executor = ThreadPoolExecutor(cfg.rollout.env_threads, thread_name_prefix="eval-env")
         self._driver_proxy = RemoteProxy(proxy, version)
@@ -277,34 +260,61 @@ class RayRollout:
         return EnvManager(env_id, spec, self.formatter, self._driver_proxy, self.cfg.rollout, self.executor,
                           self.watchdog)
 
+    def start(self) -> None:
+        self.scheduler.start()
+        self.watchdog.start()
+
+    async def stop(self) -> None:
+        await self.scheduler.stop()
+        await self.refresh()  # the controller's last accounting row reads it
+
+    async def get_batch(self, version: int) -> list:
+        return await self.buffer_handle.get_batch.remote(version)
+
+    def num_ready(self) -> int:
+        return self.buffer_snapshot["waiting"]
+
+    async def cancel_running(self) -> int:
+        return await self.scheduler.cancel_running()
+
     def stats(self) -> RolloutStats:
         """As RolloutStack.stats, from the last refresh: the buffer actor's ledger, the episodes in
         flight as the env workers' ledger calls and puts left them, the proxy actor's counters."""
-        return RolloutStats.of(self.buffer.ledger.counts, self.scheduler.num_in_flight, self.proxy_stats,
-                               self.watchdog.metrics())
+        snap = self.buffer_snapshot
+        return RolloutStats.of(Counter(snap["counts"]), snap["in_flight"], self.proxy_stats, self.watchdog.metrics())
+
+    def state_dict(self) -> dict:
+        ledger = EpisodeLedger()
+        ledger.counts = Counter(self.buffer_snapshot["counts"])
+        buffer = {**self.buffer_snapshot["state"], "episodes": ledger.state_dict(self.buffer_snapshot["in_flight"])}
+        return {"buffer": buffer, "scheduler": self.scheduler.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        ray.get(self.buffer_handle.load_state_dict.remote(state["buffer"]))
+        self.scheduler.load_state_dict(state["scheduler"])
 
     async def update_weights(self, version: int, push) -> dict:
         report = await push(self.proxy_handle, version)
         self._driver_proxy.version = version
-        await self.buffer.handle.set_version.remote(version)
+        await self.buffer_handle.set_version.remote(version)
         await self.scheduler.on_version(version)
         await self.refresh()
         return report
 
     async def refresh(self) -> None:
         """Pull the counters the controller reads synchronously (once per step)."""
-        self.proxy_stats, report, _, _ = await asyncio.gather(
-            self.proxy_handle.stats.remote(), self.proxy_handle.watchdog_report.remote(),
-            self.buffer.refresh(), self.scheduler.refresh())
+        report, self.buffer_snapshot, _ = await asyncio.gather(
+            self.proxy_handle.apply.remote(RayProxy.report), self.buffer_handle.snapshot.remote(),
+            self.scheduler.refresh())
+        self.proxy_stats = report["stats"]
         snaps = self.scheduler.snapshots
-        self.watchdog.remote_stats = sum((Counter(s["watchdog"]) for s in snaps), Counter(report["stats"]))
+        self.watchdog.remote_stats = sum((Counter(s["watchdog"]) for s in snaps), Counter(report["watchdog"]))
         self.watchdog.remote_oldest = [w for s in snaps for w in s["oldest"]] + report["oldest"]
 
     async def close(self) -> None:
-        await self.scheduler.stop()
-        await self.refresh()
+        await self.stop()
         try:
-            await self.proxy_handle.close.remote()
+            await self.proxy_handle.apply.remote(RayProxy.close)
         except RayActorError:
             pass
         await self.watchdog.close()

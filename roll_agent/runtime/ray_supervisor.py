@@ -22,7 +22,7 @@ EMPTY = {"incarnation": -1, "state": None, "watchdog": {}, "oldest": []}
 
 class WorkerSupervisor:
     def __init__(self, workers: list, buffer, version: int, max_restarts: int):
-        """`buffer`: the driver's BufferView (its snapshot holds the episodes in flight)."""
+        """`buffer`: the buffer actor (it gives back a dead worker's places)."""
         self.workers = workers
         self.buffer = buffer
         self.version = version
@@ -55,19 +55,15 @@ class WorkerSupervisor:
 
     async def _retire(self, w: int) -> dict:
         """Account for a dead incarnation; returns the state its successor starts from."""
-        lost = await self.buffer.handle.release_owner.remote((w, self.incarnations[w]))
+        lost = await self.buffer.release_owner.remote((w, self.incarnations[w]))
         log.warning("env worker %d incarnation %d died: %d episodes lost", w, self.incarnations[w], lost)
         snap = self.snapshots[w]
         stride = len(self.workers)
-        last_put = (await self.buffer.handle.last_group_ids.remote()).get(w, w - stride)
+        last_put = (await self.buffer.last_group_ids.remote()).get(w, w - stride)
         known = snap["state"]["next_group_id"] if snap["state"] else w
         self.incarnations[w] += 1
         self.snapshots[w] = dict(EMPTY)
         return {"next_group_id": max(known, last_put + stride)}
-
-    @property
-    def num_in_flight(self) -> int:
-        return self.buffer.in_flight
 
     async def on_version(self, version: int) -> None:
         self.version = version
@@ -98,4 +94,3 @@ class WorkerSupervisor:
         self._stopping = True
         await asyncio.gather(*(wk.stop.remote() for wk in self.workers), return_exceptions=True)
         await asyncio.gather(*self._tasks, return_exceptions=True)
-        await self.buffer.refresh()  # the controller's last accounting row reads it

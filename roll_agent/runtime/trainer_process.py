@@ -3,8 +3,8 @@
 Why: in one process the trainer's, the engine's and the env managers' Python share one
 GIL; with a small model most of each step is Python and op dispatch, so the three take
 turns instead of running side by side. A child process gives the trainer its own
-interpreter; the controller drives it through `ProcessTrainer`, which has the trainer's
-interface (`version`, `step`, `sft_step`, `reset_reference`, `save`, `load`, `named_weights`).
+interpreter; the controller drives it through `ProcessTrainer`: the `Trainer` contract
+forwarded over a pipe (roll_agent/runtime/forward.py), and `named_weights`.
 
 Weights: the child moves its synced parameters (all, or the LoRA adapters) into shared
 memory once and hands them over; the optimizer updates them in place, so a weight sync
@@ -22,12 +22,13 @@ import multiprocessing
 import signal
 import threading
 import traceback
-from pathlib import Path
 
 import torch
 import torch.multiprocessing as mp
 
 from roll_agent.config import Config
+from roll_agent.protocols import Trainer
+from roll_agent.runtime.forward import answer, forwards, state_of
 from roll_agent.runtime.peer_pipe import PeerGone, PeerPipe
 
 CLOSE_TIMEOUT_S = 10.0  # a child that does not answer `close` in this long is killed
@@ -37,6 +38,7 @@ class TrainerProcessError(RuntimeError):
     """The trainer raised in its process (the message carries its traceback), or the process died."""
 
 
+@forwards(Trainer)
 class ProcessTrainer:
     def __init__(self, cfg: Config, model_path: str):
         ctx = mp.get_context("spawn")  # never fork: the parent runs threads (engines, env pools)
@@ -47,17 +49,21 @@ class ProcessTrainer:
         self._pipe = PeerPipe(conn, self._proc.sentinel)
         self._lock = threading.Lock()
         try:
-            self.version, self._weights = self._call("start")
+            state, self._weights = self._call("start")
+            self.__dict__.update(state)
         except BaseException:
             self.close()
             raise
 
-    def _call(self, method: str, *args, timeout: float | None = None):
+    def _forward(self, name: str, args: tuple, kwargs: dict):
+        return self._call(name, args, kwargs)
+
+    def _call(self, method: str, args: tuple = (), kwargs: dict | None = None, timeout: float | None = None):
         """Send one call and wait for its answer (`timeout`: None where the call has no bound,
         as a training step on a large model has none)."""
         with self._lock:
             try:
-                self._pipe.send((method, args), timeout=timeout)
+                self._pipe.send((method, args, kwargs or {}), timeout=timeout)
                 ok, value = self._pipe.recv(timeout=timeout)
             except PeerGone:
                 self._proc.join(timeout=5)
@@ -68,22 +74,6 @@ class ProcessTrainer:
         if not ok:
             raise TrainerProcessError(f"the trainer failed in '{method}':\n{value}")
         return value
-
-    def step(self, batch) -> dict:
-        metrics, self.version = self._call("step", batch)
-        return metrics
-
-    def sft_step(self, trajs, lr: float) -> dict:
-        return self._call("sft_step", trajs, lr)
-
-    def reset_reference(self) -> None:
-        self._call("reset_reference")
-
-    def save(self, path: Path) -> None:
-        self._call("save", path)
-
-    def load(self, path: Path) -> None:
-        self.version = self._call("load", path)
 
     def named_weights(self):
         """The child's parameters themselves (shared memory): read them only between calls."""
@@ -113,30 +103,19 @@ def _serve(conn, cfg: Config, model_path: str) -> None:
     trainer = None
     while True:
         try:
-            method, args = pipe.recv()
+            method, args, kwargs = pipe.recv()
         except PeerGone:  # the parent exited (or was killed)
             return
         try:
             if method == "start":
                 trainer = trainer_for_run(cfg, model_path)
                 weights = [(name, t.share_memory_()) for name, t in trainer.named_weights()]
-                result = (trainer.version, weights)
-            elif method == "step":
-                result = (trainer.step(*args), trainer.version)
-            elif method == "sft_step":
-                result = trainer.sft_step(*args)
-            elif method == "reset_reference":
-                result = trainer.reset_reference()
-            elif method == "save":
-                result = trainer.save(*args)
-            elif method == "load":
-                trainer.load(*args)
-                result = trainer.version
+                result = (state_of(trainer, Trainer), weights)
             elif method == "close":
                 pipe.send((True, None))
                 return
             else:
-                raise ValueError(f"unknown trainer call '{method}'")
+                result = answer(trainer, Trainer, method, args, kwargs)
         except Exception:  # the caller re-raises it; the process goes on serving
             result, ok = traceback.format_exc(), False
         else:

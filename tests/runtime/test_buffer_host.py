@@ -24,17 +24,17 @@ def test_a_dead_workers_in_flight_episodes_end_as_lost_and_its_places_come_back(
     async def scenario():
         host = BufferHost(cfg, version=0)
         live, dead = (0, 0), (1, 0)
-        for owner in (live, dead):  # each plays a group of 3 episodes
-            await host.admit(owner)
-            host.ledger_start(owner, 3)
-        host.ledger_end(live, "cancelled", 1)  # the redundant one
-        await host.put(live, Group(0, 7, "sim", [Trajectory(group_id=0), Trajectory(group_id=0)]))
-        host.ledger_end(dead, "env_error", 1)
+        for owner in (live, dead):  # each plays a group of 3 episodes, its calls as a RemoteBuffer sends them
+            await host.call_as(owner, "admit", (), {})
+            await host.call_as(owner, "ledger.start", (3,), {})
+        await host.call_as(live, "ledger.end", ("cancelled", 1), {})  # the redundant one
+        await host.call_as(live, "put", (Group(0, 7, "sim", [Trajectory(group_id=0), Trajectory(group_id=0)]),), {})
+        await host.call_as(dead, "ledger.end", ("env_error",), {"n": 1})
         before = host.snapshot()
         assert before["in_flight"] == 2 + 2 and _identity(before)  # 2 waiting here, 2 running in the dead worker
 
         assert await host.release_owner(dead) == 2
-        host.ledger_end(dead, "cancelled", 2)  # a late call of the dead worker: already ended as lost
+        await host.call_as(dead, "ledger.end", ("cancelled", 2), {})  # a late call of the dead worker: already lost
         after = host.snapshot()
         assert after["counts"]["lost"] == 2 and after["in_flight"] == 2 and _identity(after)
         assert dead not in after["held"] and host.buffer.held == cfg.group_size  # only the waiting group's places

@@ -6,22 +6,25 @@ import pytest
 ray = pytest.importorskip("ray")
 
 from roll_agent.config import load_config  # noqa: E402
-from roll_agent.runtime.ray_hosts import BroadcastSync, ObjectStoreSync, RemoteEngine  # noqa: E402
-from roll_agent.runtime.ray_model_hosts import EngineHost, TrainerHost  # noqa: E402
+from roll_agent.protocols import Engine, Trainer  # noqa: E402
+from roll_agent.runtime.forward import AsyncHost, Host  # noqa: E402
+from roll_agent.runtime.ray_hosts import RemoteEngine  # noqa: E402
+from roll_agent.runtime.ray_runtime import build_engine, build_trainer  # noqa: E402
+from roll_agent.runtime.ray_weight_sync import BroadcastSync, ObjectStoreSync  # noqa: E402
 from tests.conftest import ray_cluster, run  # noqa: E402
 
 
-def _checksum(host, which: str) -> float:
+def _checksum(component, which: str) -> float:
     """Inside the actor: the sum of what a sync moves (all weights, or only the LoRA adapters)."""
-    tensors = host.engine._params.values() if which == "engine" else [t for _, t in host.trainer.named_weights()]
+    tensors = component._params.values() if which == "engine" else [t for _, t in component.named_weights()]
     return float(sum(t.double().sum() for t in tensors))
 
 
-def _perturb(host) -> None:
+def _perturb(trainer) -> None:
     import torch
 
     with torch.no_grad():
-        for _, p in host.trainer.named_weights():
+        for _, p in trainer.named_weights():
             p.add_(torch.randn_like(p))
 
 
@@ -32,18 +35,19 @@ def cluster(tmp_path):
 
 
 async def _sync_twice(cfg, model_dir: str, make_sync) -> list[tuple[float, list[float]]]:
-    trainer = ray.remote(TrainerHost).options(num_cpus=0).remote(cfg, model_dir)
-    engines = [ray.remote(EngineHost).options(num_cpus=0).remote(cfg, model_dir, i) for i in range(2)]
+    trainer = ray.remote(Host).options(num_cpus=0).remote(Trainer, build_trainer, cfg, model_dir)
+    engines = [ray.remote(AsyncHost).options(num_cpus=0).remote(Engine, build_engine, cfg, model_dir, i)
+               for i in range(2)]
     remote = [RemoteEngine(h, i, on_lost=None) for i, h in enumerate(engines)]
     sync = make_sync(trainer)
     sums = []
     try:
         for version in (1, 2):  # the second push reuses the group formed by the first
-            await trainer.__ray_call__.remote(_perturb)
+            await trainer.apply.remote(_perturb)
             report = await sync.push(remote, version)
             assert report["bytes"] > 0
-            sums.append((await trainer.__ray_call__.remote(_checksum, "trainer"),
-                         [await e.__ray_call__.remote(_checksum, "engine") for e in engines]))
+            sums.append((await trainer.apply.remote(_checksum, "trainer"),
+                         [await e.apply.remote(_checksum, "engine") for e in engines]))
     finally:
         for actor in (trainer, *engines):
             ray.kill(actor)
@@ -53,7 +57,7 @@ async def _sync_twice(cfg, model_dir: str, make_sync) -> list[tuple[float, list[
 @pytest.mark.slow
 def test_broadcast_moves_the_trainer_weights_into_every_engine_actor(cluster, tiny_model_dir):
     cfg = load_config(None, ["weight_sync.bucket_mb=0.05"])  # many buckets
-    sums = run(_sync_twice(cfg, tiny_model_dir, lambda t: BroadcastSync(t, 0.05, "gloo")), timeout=240)
+    sums = run(_sync_twice(cfg, tiny_model_dir, lambda t: BroadcastSync(t, 0.05)), timeout=240)
     for trainer_sum, engine_sums in sums:
         assert engine_sums == pytest.approx([trainer_sum] * 2, rel=1e-6)
     assert sums[0][0] != sums[1][0]
