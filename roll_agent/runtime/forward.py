@@ -8,9 +8,10 @@
                                                    # return (result, the protocol's attributes)
 
 The plain attributes a protocol declares (a trainer's `version`) travel back with every
-answer, so the caller's copy is as new as its last call; a plain method called from an
-event loop is a notification (it returns None and is not waited for). A method added to a protocol is forwarded
-with no edit here or in a runtime. `Host` is the Ray actor that holds one component.
+answer, so the caller's copy is as new as its last call. A client on an event loop may send
+a plain method that returns None as a notification, not waited for (`RemoteProxy.clear_abort`).
+A method added to a protocol is forwarded with no edit here or in a runtime. `Host` is the
+Ray actor that holds one component.
 """
 
 from __future__ import annotations

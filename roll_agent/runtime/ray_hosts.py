@@ -55,7 +55,7 @@ class RemoteEngine:
     dead actor's requests answered as aborts (the proxy re-issues them from their prefix)."""
 
     alive = True
-    restartable = False  # Ray restarts a dead engine actor (ProxyHost re-syncs it)
+    restartable = False  # Ray restarts a dead engine actor (RayProxy re-syncs it)
 
     def __init__(self, handle, index: int, on_lost):
         self.handle = handle
