@@ -134,9 +134,10 @@ def create_container(cfg: DockerConfig) -> Container:
 
 
 def remove(api, cid: str) -> None:
-    """SIGKILL and delete at once: no 10 s stop grace period, nothing left behind. A removal the
-    daemon refuses (it can, under load) is retried until REMOVE_TIMEOUT_S; one still refused
-    then is logged, and the sweep of a later start removes it once this process has exited."""
+    """SIGKILL and delete at once: no 10 s stop grace period, nothing left behind. Returns once
+    the daemon says the container is gone; a removal it refuses or is still doing (it can,
+    under load) is asked again until REMOVE_TIMEOUT_S, then logged (the sweep of a later start
+    removes it once this process has exited)."""
     import docker
     import requests
 
@@ -148,8 +149,9 @@ def remove(api, cid: str) -> None:
         except docker.errors.NotFound:
             return
         except (docker.errors.APIError, requests.exceptions.RequestException) as e:
-            if "already in progress" in str(e):
-                return
+            # "removal ... already in progress" (an earlier call timed out or failed half-way, and
+            # the daemon goes on): asked again until it answers NotFound, so `close` returns with
+            # the container gone
             if time.monotonic() > deadline:
                 log.warning("could not remove sandbox container %s: %s", cid[:12], e)
                 return

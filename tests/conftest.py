@@ -25,7 +25,8 @@ _SIGNALS = [signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGCHLD, signal
 def _restore_process_state():
     """Undo what a test (or the run it drove) changed process-wide: environment variables
     (RANK, MASTER_ADDR, ROLL_AGENT_CACHE, ...), the working directory, torch's thread count,
-    signal handlers, and a Ray session left initialised by a failed test."""
+    signal handlers, a Ray session left initialised by a failed test, and the warm pools of
+    started sandbox containers a test's envs made (they live for the process otherwise)."""
     environ, cwd = dict(os.environ), os.getcwd()
     handlers = {sig: signal.getsignal(sig) for sig in _SIGNALS}
     yield
@@ -33,6 +34,8 @@ def _restore_process_state():
     if ray is not None and ray.is_initialized():
         warnings.warn("the test left Ray initialised: shut down here", stacklevel=1)
         ray.shutdown()
+    if (pool := sys.modules.get("sandboxes.pool")) is not None:
+        pool.shutdown_pools()
     os.environ.clear()
     os.environ.update(environ)
     os.chdir(cwd)
