@@ -4,8 +4,8 @@ Engines, trainer and proxy sit in `Host` actors; their clients are derived from 
 contracts (roll_agent/runtime/forward.py, roll_agent/protocols.py).
 
 Faults: an engine actor that dies is restarted by Ray; its requests come back to the
-LLMProxy as aborts (re-issued from their prefix, so no episode is lost), and the proxy
-host re-forms the weight-sync group and re-syncs all engines at the served version
+LLMProxy as aborts (re-issued from their prefix, so no episode is lost), and RayProxy
+re-forms the weight-sync group and re-syncs all engines at the served version
 before the restarted one serves again.
 """
 
