@@ -9,6 +9,7 @@ from __future__ import annotations
 import atexit
 import collections
 import dataclasses
+import itertools
 import logging
 import socket
 import threading
@@ -21,6 +22,7 @@ from .config import LABEL, OWNER_LABEL, DockerConfig
 
 log = logging.getLogger(__name__)
 REMOVE_TIMEOUT_S = 60.0  # a busy daemon can refuse a removal for a while ("cannot kill", "in use")
+REMOVE_ATTEMPTS = 3  # at least, also past the deadline: one call can take docker-py's whole 60 s timeout
 
 HOST_LABEL = "roll_agent.host"
 _lock = threading.Lock()
@@ -136,13 +138,13 @@ def create_container(cfg: DockerConfig) -> Container:
 def remove(api, cid: str) -> None:
     """SIGKILL and delete at once: no 10 s stop grace period, nothing left behind. Returns once
     the daemon says the container is gone; a removal it refuses or is still doing (it can,
-    under load) is asked again until REMOVE_TIMEOUT_S, then logged (the sweep of a later start
-    removes it once this process has exited)."""
+    under load) is asked again until REMOVE_TIMEOUT_S and REMOVE_ATTEMPTS times at least (a call
+    that timed out client-side, after docker-py's 60 s, may have removed nothing), then logged (the sweep of a later start removes it once this process has exited)."""
     import docker
     import requests
 
     deadline, delay = time.monotonic() + REMOVE_TIMEOUT_S, 0.1
-    while True:
+    for attempt in itertools.count(1):
         try:
             api.remove_container(cid, force=True, v=True)
             return
@@ -152,7 +154,7 @@ def remove(api, cid: str) -> None:
             # "removal ... already in progress" (an earlier call timed out or failed half-way, and
             # the daemon goes on): asked again until it answers NotFound, so `close` returns with
             # the container gone
-            if time.monotonic() > deadline:
+            if time.monotonic() > deadline and attempt >= REMOVE_ATTEMPTS:
                 log.warning("could not remove sandbox container %s: %s", cid[:12], e)
                 return
         time.sleep(delay)
