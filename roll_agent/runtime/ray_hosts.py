@@ -6,7 +6,10 @@ contracts (roll_agent/runtime/forward.py, roll_agent/protocols.py).
 Faults: an engine actor that dies is restarted by Ray; its requests come back to the
 LLMProxy as aborts (re-issued from their prefix, so no episode is lost), and RayProxy
 re-forms the weight-sync group and re-syncs all engines at the served version
-before the restarted one serves again.
+before the restarted one serves again. Ray hands calls made during the restart to the
+restarted actor, so a kill between requests raises nothing: the restarted engine is
+caught by its weight version (an answer at another version than it was synced to is
+discarded) or, at the next sync, by its new pid.
 """
 
 from __future__ import annotations
@@ -60,7 +63,8 @@ class RemoteEngine:
     def __init__(self, handle, index: int, on_lost):
         self.handle = handle
         self.index = index
-        self.version = 0
+        self.version = 0  # the version RayProxy last synced this engine to
+        self.pid = None  # the actor's process as of the last sync: another one is a restart
         self.down = False
         self._on_lost = on_lost
 
@@ -69,11 +73,14 @@ class RemoteEngine:
             await asyncio.sleep(DOWN_RETRY_S)
             return EngineOutput([], [], "abort")
         try:
-            output, _ = await call(self.handle.invoke.remote("generate", (prompt_ids, sampling, request_id), {}))
-            return output
+            output, state = await call(self.handle.invoke.remote("generate", (prompt_ids, sampling, request_id), {}))
         except RayActorError:
             self._on_lost(self)
             return EngineOutput([], [], "abort")
+        if state["version"] != self.version:  # restarted between requests: it serves its initial weights
+            self._on_lost(self)
+            return EngineOutput([], [], "abort")
+        return output
 
     async def abort(self, request_id: str) -> None:
         if not self.down:
@@ -122,17 +129,33 @@ class RayProxy(LLMProxy):
             await self.suspend()
             try:
                 for retry in range(self.max_restarts + 1):
+                    await self._await_engines()  # raises for an actor that is gone for good
                     try:
-                        return await self.update_weights(self.sync.push, version)
+                        report = await self.update_weights(self.sync.push, version)
                     except Exception:  # an engine died mid-sync (the trainer then sees "connection closed"):
                         if retry == self.max_restarts:  # wait for its restart, then sync all again
-                            raise  # _alive raises first for an actor that is gone for good
+                            raise
                         self.faults["sync_retries"] += 1
                         log.warning("weight sync to version %d failed; retrying once every engine answers",
                                     version, exc_info=True)
-                        await asyncio.gather(*(_alive(e.handle) for e in self.engines))
+                        continue
+                    for engine in self.engines:
+                        engine.version = version
+                    return report
             finally:
                 await self.resume()
+
+    async def _await_engines(self) -> None:
+        """Wait until every engine actor answers. One in a new process was restarted by Ray:
+        counted, and the weight-sync group is formed again (the sync that follows loads it)."""
+        pids = await asyncio.gather(*(_alive(e.handle) for e in self.engines))
+        for engine, pid in zip(self.engines, pids):
+            if engine.pid is not None and pid != engine.pid:
+                self.faults["engine_restarts"] += 1
+                self.sync.formed = False
+                log.warning("engine %d was restarted (pid %d -> %d); syncing it to version %d",
+                            engine.index, engine.pid, pid, self.version)
+            engine.pid = pid
 
     def _engine_lost(self, engine: RemoteEngine) -> None:
         self.faults["engine_requests_lost"] += 1
@@ -148,24 +171,21 @@ class RayProxy(LLMProxy):
         except ActorDiedError:
             log.error("engine %d is dead for good (runtime.ray.max_restarts spent)", engine.index)
             return
-        self.sync.formed = False
-        await self.sync_weights(self.version)
+        await self.sync_weights(self.version)  # counts the restart (a new pid), re-forms the group
         engine.down = False
         self._recovering.discard(engine.index)
-        self.faults["engine_restarts"] += 1
-        log.warning("engine %d restarted and re-synced to version %d", engine.index, self.version)
+        log.warning("engine %d serves again at version %d", engine.index, self.version)
 
     async def close(self) -> None:
         await super().close()
         await self.watchdog.close()
 
 
-async def _alive(handle) -> None:
-    """Return once the actor answers (Ray restarts a dead one); ActorDiedError if it never will."""
+async def _alive(handle) -> int:
+    """The actor's pid, once it answers (Ray restarts a dead one); ActorDiedError if it never will."""
     while True:
         try:
-            await handle.ping.remote()
-            return
+            return await handle.ping.remote()
         except ActorDiedError:
             raise
         except RayActorError:  # restarting

@@ -150,12 +150,20 @@ async def _kill_engine_after_first_step(out, training) -> dict:
     await _first_step(out, training)
     engine, proxy = ray.get_actor("engine-0"), ray.get_actor("proxy")
     os.kill(await engine.ping.remote(), signal.SIGKILL)
-    while not (stats := (await proxy.apply.remote(RayProxy.report))["stats"]).get("engine_restarts"):
+    while True:
         if training.done():  # the run ended before the restart: its own error, or a plain failure
             training.result()
-            raise AssertionError("the run ended before the engine was restarted")
+            raise AssertionError("the run ended before the proxy saw the engine restarted")
+        try:
+            stats = (await proxy.apply.remote(RayProxy.report))["stats"]
+        except Exception:  # the proxy actor is gone: the run is ending (the check above says how)
+            await asyncio.sleep(1.0)
+            if not training.done():
+                raise
+            continue
+        if stats.get("engine_restarts"):
+            return stats
         await asyncio.sleep(0.2)
-    return stats
 
 
 @pytest.mark.slow
@@ -169,7 +177,9 @@ def test_killed_engine_is_restarted_resynced_and_no_episode_is_lost(tmp_path):
 
     final, stats = run(scenario(), timeout=300)
     assert final == 4
-    assert stats["engine_restarts"] == 1 and stats["engine_requests_lost"] >= 1
+    # the kill hit requests in flight (lost, re-issued), or an idle engine that the next answer
+    # (at its initial weights' version) or the next sync (a new pid) found restarted
+    assert stats["engine_restarts"] == 1
     assert stats["version"] >= 1  # re-synced to the served version, not the base model's 0
     rows = [r for r in read_rows(tmp_path / "metrics.jsonl") if "loss" in r]
     assert [r["step"] for r in rows] == [1, 2, 3, 4]
