@@ -17,11 +17,19 @@ Steps, each one exec in the sandbox (its command and output go to `r.log`):
      tests run in the same order as in a full run, so the verdict is the same, at a
      fraction of the cost for most wrong patches (`r.stopped_at` names the test,
      `r.not_run` lists the verdict tests it did not reach: not in the failure lists).
-Verdict: resolved iff every FAIL_TO_PASS and every PASS_TO_PASS test passes (a test
-missing from the log has not passed). Reward 1/0, or with partial_credit the fraction
-of those tests that pass. Errors (malformed instance, patch does not apply, sandbox
-died, timeout) get reward 0 and are never raised: one instance's trouble ends only
-that instance.
+An instance with an `eval_script` (SWE-bench 5.x) runs it as the official harness does
+in place of 3 and 4 (`bash eval.sh`: it resets the test files, applies test_patch and
+runs the tests), and only what it prints between ">>>>> Start Test Output" and
+">>>>> End Test Output" is parsed (all of it when that part names no test); a script
+that prints no markers, like a log that names no test, grades "unresolved", as in the harness.
+Verdict, as the official harness (swebench 5.x) decides it: resolved iff every
+FAIL_TO_PASS test passes (PASSED or XFAIL; a test missing from the log has not passed)
+and every PASS_TO_PASS test passes or is skipped; a test id cut short inside its
+`[params]` matches the ids it starts when they agree. eval_type "fail_only": a verdict
+test passes unless the log says FAILED. Reward 1/0, or with partial_credit the
+fraction of those tests that pass. Errors (malformed instance, patch does not apply,
+sandbox died, timeout) get reward 0 and are never raised: one instance's trouble ends
+only that instance.
 """
 from __future__ import annotations
 
@@ -35,7 +43,7 @@ from typing import Any
 from sandboxes import Sandbox, SandboxError
 
 from .instance import InstanceError, SWEInstance
-from .log_parsers import PASSING, get_parser
+from .log_parsers import FAILED, OFFICIAL_PREFIX, PASSING, PYTEST_PARSERS, SKIPPED, get_parser
 from .stop_plugin import LOADED, STOPPED
 from .sources import prepare_sandbox
 
@@ -45,6 +53,8 @@ STEP_TIMEOUT = 120.0  # seconds for each git/patch step (the test run gets `time
 INLINE_MAX = 96 * 1024  # bytes; one environment string may hold 128 KiB (MAX_ARG_STRLEN)
 MODEL_PATCH = "/tmp/roll_agent_model.patch"
 TEST_PATCH = "/tmp/roll_agent_test.patch"
+EVAL_SCRIPT = "/tmp/roll_agent_eval.sh"
+START_TEST_OUTPUT, END_TEST_OUTPUT = ">>>>> Start Test Output", ">>>>> End Test Output"  # the harness's markers
 STOP_DIR = "/tmp/roll_agent_pytest"  # the stop plugin (module roll_agent_stop) and the verdict test ids
 STOP_PLUGIN_SOURCE = (Path(__file__).parent / "stop_plugin.py").read_text()
 # PYTEST_ADDOPTS reaches every pytest the test command starts, whatever its shape; the
@@ -100,11 +110,12 @@ def instance_problem(instance: SWEInstance, backend: str | None) -> str | None:
     if not instance.FAIL_TO_PASS and not instance.PASS_TO_PASS:
         return "no FAIL_TO_PASS or PASS_TO_PASS tests: nothing decides the verdict"
     try:
-        get_parser(instance.log_parser)
+        get_parser(instance.log_parser, instance)
     except ValueError as e:
         return str(e)
-    if instance.test_cmd is None and instance.log_parser != "pytest":
-        return f"no test_cmd (only the pytest parser has a default command; log_parser={instance.log_parser!r})"
+    if instance.test_cmd is None and instance.eval_script is None and instance.log_parser not in PYTEST_PARSERS:
+        return (f"no test_cmd or eval_script (only pytest parsers have a default command; "
+                f"log_parser={instance.log_parser!r})")
     if backend == "docker" and not instance.image:
         return "no 'image' for the docker sandbox (build one: python -m sandboxes.build_image --task REPO_DIR)"
     return None
@@ -116,18 +127,59 @@ def default_test_cmd(instance: SWEInstance) -> str:
     return "python3 -m pytest -rA -p no:cacheprovider " + " ".join(shlex.quote(f) for f in files)
 
 
+def harness_eval_script(instance: SWEInstance) -> str:
+    """The eval.sh the official harness (SWE-bench 5.x `eval_script`) runs for an instance that
+    has test_patch and test_cmd instead: test files reset, test_patch applied, tests between markers."""
+    wd, base = shlex.quote(instance.workdir), shlex.quote(instance.base_commit or "HEAD")
+    lines = ["#!/bin/bash", "set -uxo pipefail", f"cd {wd}", f"git config --global --add safe.directory {wd}"]
+    if instance.test_patch.strip():
+        files = " ".join(shlex.quote(f) for f in patch_files(instance.test_patch))
+        heredoc = "EOF_ROLL_AGENT_TEST_PATCH"
+        lines += [f"for f in {files}; do git checkout -q {base} -- \"$f\" 2>/dev/null || rm -rf -- \"$f\"; done",
+                  f"git apply -v - <<'{heredoc}'\n{instance.test_patch.rstrip(chr(10))}\n{heredoc}"]
+    lines += [f": '{START_TEST_OUTPUT}'", instance.test_cmd or default_test_cmd(instance), f": '{END_TEST_OUTPUT}'"]
+    return "\n".join(lines) + "\n"
+
+
+def harness_row(instance: SWEInstance) -> dict[str, Any]:
+    """The instance as an SWE-bench 5.x row, as the official harness runs it: its eval_script
+    (written from test_patch and test_cmd when it has none) and an official parser name."""
+    parser = {"pytest": "parse_log_pytest"}.get(instance.log_parser, instance.log_parser)
+    if not parser.startswith(OFFICIAL_PREFIX):
+        raise ValueError(f"log_parser {instance.log_parser!r} has no counterpart in the official harness")
+    row = {k: v for k, v in instance.to_dict().items() if k != "test_cmd"}
+    row.update(repo=instance.repo or "local/repo", version=instance.version or "0", log_parser=parser,
+               eval_script=instance.eval_script or harness_eval_script(instance), eval_type=instance.eval_type)
+    return row
+
+
 def patch_files(diff: str) -> list[str]:
     """Paths a unified diff touches (both sides of renames), in order."""
     paths = re.findall(r"^(?:---|\+\+\+) (?:[ab]/)?(\S+)", diff, re.M)
     return list(dict.fromkeys(p for p in paths if p != "/dev/null"))
 
 
-def verdict(instance: SWEInstance, tests: dict[str, str], partial_credit: bool) -> tuple[str, float, dict, dict]:
-    def split(ids):
-        return {"success": [t for t in ids if tests.get(t) in PASSING],
-                "failure": [t for t in ids if tests.get(t) not in PASSING]}
+def status_of(test_id: str, tests: dict[str, str]) -> str | None:
+    """What the log says of `test_id`. An id cut short inside its `[params]` (SWE-bench data
+    has such ids) stands for the ids it starts, when they all pass or all fail (the harness's rule)."""
+    if test_id in tests or test_id.count("[") <= test_id.count("]"):
+        return tests.get(test_id)
+    matches = [status for t, status in tests.items() if t.startswith(test_id)]
+    return matches[0] if matches and len({s in PASSING for s in matches}) == 1 else None
 
-    f2p, p2p = split(instance.FAIL_TO_PASS), split(instance.PASS_TO_PASS)
+
+def verdict(instance: SWEInstance, tests: dict[str, str], partial_credit: bool) -> tuple[str, float, dict, dict]:
+    def passes(test_id: str, maintained: bool) -> bool:
+        if instance.eval_type == "fail_only":
+            return tests.get(test_id) != FAILED
+        status = status_of(test_id, tests)
+        return status in PASSING or (maintained and status == SKIPPED)  # a skipped P2P test is no regression
+
+    def split(ids, maintained):
+        ok = [passes(t, maintained) for t in ids]
+        return {"success": [t for t, y in zip(ids, ok) if y], "failure": [t for t, y in zip(ids, ok) if not y]}
+
+    f2p, p2p = split(instance.FAIL_TO_PASS, False), split(instance.PASS_TO_PASS, True)
     resolved = not f2p["failure"] and not p2p["failure"]
     passed = len(f2p["success"]) + len(p2p["success"])
     reward = 1.0 if resolved else (passed / len(instance.tests) if partial_credit else 0.0)
@@ -154,8 +206,10 @@ class _Run:
         inst = self.inst
         env, writes = {"BASE_COMMIT": inst.base_commit or "HEAD"}, []
         files = {MODEL_PATCH: model_patch if model_patch.endswith("\n") else model_patch + "\n",
-                 TEST_PATCH: inst.test_patch}
-        fail_fast = fail_fast and not partial_credit and inst.log_parser == "pytest"
+                 **({EVAL_SCRIPT: inst.eval_script} if inst.eval_script is not None else {TEST_PATCH: inst.test_patch})}
+        # fail_only counts an erroring verdict test as passing: a stop at it could change the verdict
+        fail_fast = (fail_fast and not partial_credit and inst.log_parser in PYTEST_PARSERS
+                     and inst.eval_type != "fail_only")
         if fail_fast:
             writes.append(f"mkdir -p {STOP_DIR}")
             files.update({f"{STOP_DIR}/roll_agent_stop.py": STOP_PLUGIN_SOURCE,
@@ -177,7 +231,7 @@ class _Run:
                 break
         else:
             return self.fail("patch does not apply (git apply, git apply --3way and patch --fuzz=5 all failed)")
-        if inst.test_patch.strip():
+        if inst.eval_script is None and inst.test_patch.strip():  # an eval_script applies it itself
             restore = "; ".join(f"if git cat-file -e HEAD:{q} 2>/dev/null; then git checkout -q HEAD -- {q}; "
                                 f"else rm -rf -- {q}; fi" for q in map(shlex.quote, patch_files(inst.test_patch)))
             r = self.step("apply test_patch", f"{restore}; git apply --verbose {TEST_PATCH}")
@@ -187,9 +241,22 @@ class _Run:
         self.result.test_output = r.output
         if r.timed_out:
             return self.fail(f"timeout: the tests ran past {timeout:g}s")
-        self.result.tests = get_parser(inst.log_parser)(r.output)
+        parse = get_parser(inst.log_parser, inst)
+        try:
+            if inst.eval_script is None:
+                self.result.tests = parse(r.output)
+            elif START_TEST_OUTPUT in r.output and END_TEST_OUTPUT in r.output:
+                part = r.output.split(START_TEST_OUTPUT)[1].split(END_TEST_OUTPUT)[0]
+                self.result.tests = parse(part) or parse(r.output)  # as the harness: all of it if that names none
+            else:
+                self.result.reason = (f"the eval_script printed no '{START_TEST_OUTPUT}' / '{END_TEST_OUTPUT}' "
+                                      "markers: no test output to read (the official harness grades it unresolved too)")
+        except Exception as e:  # noqa: BLE001 - a user's (or the harness's) parser: this instance's error only
+            return self.fail(f"log parser {inst.log_parser!r} failed on the test output: {type(e).__name__}: {e}")
         (self.result.status, self.result.reward, self.result.fail_to_pass,
          self.result.pass_to_pass) = verdict(inst, self.result.tests, partial_credit)
+        if not self.result.tests:  # nothing ran (fail_only would call that a pass; the harness does not)
+            self.result.status, self.result.reward = UNRESOLVED, 0.0
         if self.result.stopped_at:  # the failure lists say what failed, not what never ran
             for split in (self.result.fail_to_pass, self.result.pass_to_pass):
                 self.result.not_run += [t for t in split["failure"] if t not in self.result.tests]
@@ -197,7 +264,10 @@ class _Run:
         return self.result
 
     def run_tests(self, timeout: float, fail_fast: bool):
-        cmd = self.inst.test_cmd or default_test_cmd(self.inst)
+        if self.inst.eval_script is not None:
+            cmd = f"bash {EVAL_SCRIPT}"  # as the harness runs its eval.sh
+        else:
+            cmd = self.inst.test_cmd or default_test_cmd(self.inst)
         if not fail_fast:
             return self.step("run tests", cmd, timeout=timeout)
         r = self.step("run tests (stop at the first failing FAIL_TO_PASS/PASS_TO_PASS test)", STOP_ENV + cmd,

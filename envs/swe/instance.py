@@ -4,8 +4,10 @@ One JSONL object per line. SWE-bench and SWE-Gym share the schema below. SWE-smi
 names the image `image_name` and has no `base_commit`: grading then uses the image's
 checkout as it is, so the image must hold the task's buggy tree (SWE-smith's own
 images hold the clean repo and its harness checks out a branch per instance: give
-that branch's commit as base_commit, or build an image at it). roll_agent adds
-optional `image`, `workdir`, `test_cmd` and `log_parser` (see SWEInstance).
+that branch's commit as base_commit, or build an image at it). SWE-bench 5.x rows
+carry `image`, `eval_script`, `log_parser` (an official name, `parse_log_pytest`, ...)
+and `eval_type`; roll_agent reads them, and adds optional `workdir`, `test_cmd` and
+its own `log_parser` names (see SWEInstance).
 
 Bad input ends only that line's instance: `load_instances(..., errors="collect")`
 returns the good instances and a list of MalformedInstance records naming the line
@@ -45,7 +47,11 @@ class SWEInstance:
     image: str | None = None  # local docker image with the repo at base_commit in workdir
     workdir: str = DEFAULT_WORKDIR
     test_cmd: str | None = None  # run in workdir after the patches; prints what log_parser reads
-    log_parser: str = "pytest"
+    log_parser: str = "pytest"  # envs/swe/log_parsers.py: ours, or the official harness's parse_log_*
+    # SWE-bench 5.x: the harness's eval.sh (resets the test files, applies test_patch, runs
+    # the tests between its ">>>>> Start/End Test Output" markers); replaces test_patch + test_cmd
+    eval_script: str | None = None
+    eval_type: str = "pass_and_fail"  # or "fail_only": a verdict test passes unless the log says it failed
     extra: dict[str, Any] = dataclasses.field(default_factory=dict)  # fields of other schemas, kept as is
 
     @property
@@ -60,7 +66,8 @@ class SWEInstance:
 
 
 _FIELDS = {f.name for f in dataclasses.fields(SWEInstance)} - {"extra"}
-_STR_FIELDS = _FIELDS - {"FAIL_TO_PASS", "PASS_TO_PASS", "image", "test_cmd"}
+EVAL_TYPES = ("pass_and_fail", "fail_only")
+_NULLABLE = ("image", "test_cmd", "eval_script")
 
 
 def _test_list(value: Any, field: str) -> list[str]:
@@ -95,7 +102,7 @@ def instance_from_dict(row: dict[str, Any], fmt: str = "auto") -> SWEInstance:
         value = row[name]
         if name in ("FAIL_TO_PASS", "PASS_TO_PASS"):
             value = _test_list(value, name)
-        elif value is None and name in ("image", "test_cmd"):
+        elif value is None and name in _NULLABLE:
             pass
         elif value is None:
             value = ""  # SWE-bench dumps carry nulls for absent hints/versions
@@ -104,6 +111,11 @@ def instance_from_dict(row: dict[str, Any], fmt: str = "auto") -> SWEInstance:
         kwargs[name] = value
     if not kwargs["instance_id"]:
         raise InstanceError("field 'instance_id' is empty")
+    for name in ("log_parser", "eval_type"):  # null or "": the default
+        if kwargs.get(name) == "":
+            del kwargs[name]
+    if kwargs.get("eval_type", EVAL_TYPES[0]) not in EVAL_TYPES:
+        raise InstanceError(f"field 'eval_type' must be one of {', '.join(EVAL_TYPES)}, got {kwargs['eval_type']!r}")
     if not kwargs.get("workdir", DEFAULT_WORKDIR).startswith("/"):
         raise InstanceError(f"field 'workdir' must be an absolute path, got {kwargs['workdir']!r}")
     extra = {k: v for k, v in row.items() if k not in _FIELDS}

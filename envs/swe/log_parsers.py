@@ -1,9 +1,12 @@
 """Test-log parsers: a test run's output -> {test id: status}.
 
 Parsers are looked up by the instance's `log_parser` name: a built-in one ("pytest",
-"unittest"), one added with `register_parser(name, fn)`, or "package.module:function"
-for a parser that lives in the user's own code. A parser is any function
-`str -> dict[str, str]` whose statuses are the names below.
+"unittest"), one added with `register_parser(name, fn)`, "package.module:function"
+for a parser that lives in the user's own code, or one of the official SWE-bench
+harness's names (`parse_log_pytest`, `parse_log_django`, `parse_log_sympy`, ...: its
+PARSER_REGISTRY, from the `swebench` package, the `swe` extra; imported on first use).
+A parser is any function `str -> dict[str, str]` whose statuses are the names below;
+the harness's take (log, test_spec) and are given one built from the instance.
 
 The test ids must be spelled as the instance's FAIL_TO_PASS / PASS_TO_PASS spell them:
 pytest node ids ("tests/test_x.py::test_y[param]") for "pytest", "test_y (module.Class)"
@@ -11,9 +14,10 @@ style for "unittest" (as SWE-bench's Django logs name them).
 """
 from __future__ import annotations
 
+import functools
 import importlib
 import re
-from typing import Callable
+from typing import Any, Callable
 
 PASSED, FAILED, SKIPPED, ERROR, XFAIL, XPASS = "PASSED", "FAILED", "SKIPPED", "ERROR", "XFAIL", "XPASS"
 STATUSES = (PASSED, FAILED, SKIPPED, ERROR, XFAIL, XPASS)
@@ -72,6 +76,35 @@ def parse_unittest(log: str) -> dict[str, str]:
 
 
 PARSERS: dict[str, Parser] = {"pytest": parse_pytest, "unittest": parse_unittest}
+OFFICIAL_PREFIX = "parse_log_"  # the SWE-bench harness's parser names
+# parsers of pytest's own output: the default test command and the stop plugin work with them
+PYTEST_PARSERS = frozenset({"pytest", "parse_log_pytest", "parse_log_pytest_options", "parse_log_pytest_v2"})
+
+
+@functools.cache
+def official_parsers() -> dict[str, Callable[[str, Any], dict[str, str]]]:
+    """The harness's PARSER_REGISTRY (its import takes ~1 s: datasets, docker, modal)."""
+    try:
+        from swebench.harness.log_parsers import PARSER_REGISTRY
+    except ImportError as e:
+        raise ValueError(f"the official SWE-bench log parsers need the swebench package: "
+                         f"pip install 'roll_agent[swe]' ({e})") from None
+    return PARSER_REGISTRY
+
+
+def _official(name: str, instance: Any) -> Parser:
+    parsers = official_parsers()
+    if name not in parsers:
+        raise ValueError(f"unknown log parser {name!r}; the official harness has: {', '.join(sorted(parsers))}")
+    from swebench.types import TestSpec
+
+    spec = TestSpec(instance_id=getattr(instance, "instance_id", ""), image=getattr(instance, "image", "") or "",
+                    eval_script_list=[], repo=getattr(instance, "repo", ""), version=getattr(instance, "version", ""),
+                    FAIL_TO_PASS=list(getattr(instance, "FAIL_TO_PASS", [])),
+                    PASS_TO_PASS=list(getattr(instance, "PASS_TO_PASS", [])), log_parser=name,
+                    eval_type=getattr(instance, "eval_type", "pass_and_fail"))
+    fn = parsers[name]
+    return lambda log: fn(log, spec)
 
 
 def register_parser(name: str, fn: Parser) -> None:
@@ -80,10 +113,14 @@ def register_parser(name: str, fn: Parser) -> None:
     PARSERS[name] = fn
 
 
-def get_parser(name: str) -> Parser:
-    """A parser by name, or "module:function"; ValueError names the valid choices."""
+def get_parser(name: str, instance: Any = None) -> Parser:
+    """A parser by name, or "module:function"; ValueError names the valid choices.
+    `instance` (an SWEInstance): what the official harness's parsers are told about the
+    instance (some read its repo version or id)."""
     if name in PARSERS:
         return PARSERS[name]
+    if name.startswith(OFFICIAL_PREFIX):
+        return _official(name, instance)
     if ":" in name:
         module, _, attr = name.partition(":")
         try:
@@ -93,5 +130,5 @@ def get_parser(name: str) -> Parser:
         if not callable(fn):
             raise ValueError(f"log parser {name!r} is not callable")
         return fn
-    raise ValueError(f"unknown log parser {name!r}; valid: {', '.join(sorted(PARSERS))} "
-                     "or 'module:function'")
+    raise ValueError(f"unknown log parser {name!r}; valid: {', '.join(sorted(PARSERS))}, "
+                     f"an official harness name ({OFFICIAL_PREFIX}pytest, ...) or 'module:function'")
