@@ -17,12 +17,18 @@ Both harnesses run as their own CLIs in subprocesses, timed end to end:
              python -m roll_agent.swe_eval --sandbox bwrap    (ratio_bwrap: a bwrap sandbox per
              instance over the base rootfs the images are built from, /testbed exported from
              each image, timed cold; only when the images add nothing else to the base)
+             python -m roll_agent.swe_eval on the very rows swebench reads (eval_script,
+             parse_log_pytest; the `harness` column, docker; needs the `swe` extra)
+Each round alternates which harness goes first (the first one meets cold caches).
 Verdicts must agree across all runs.
-Create the swebench venv once (never in the project venv):
+Create the swebench venv once (never in the project venv; $SWEBENCH_PY names another):
   python3 -m venv /work/venv-swebench && /work/venv-swebench/bin/pip install swebench==5.0.2
 
 Per-phase means (last round, docker) are printed for both; *_tests_s in the RESULT line
-sum the instances' test-run seconds (wall, under the run's own contention).
+sum the instances' test-run seconds (wall, under the run's own contention), and
+*_overhead is each harness's mean per-instance time outside the test command as a share
+of the test time (on a CPU-bound machine, the part a harness can still win; ours
+starts and removes sandboxes ahead of and behind its workers, outside that share).
 Last line: RESULT same_verdicts=<k>/<n> ratio=<swebench s / ours docker s> ratio_bwrap=... ...
 """
 from __future__ import annotations
@@ -33,7 +39,6 @@ import datetime
 import json
 import os
 import re
-import shlex
 import subprocess
 import sys
 import tempfile
@@ -43,12 +48,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from envs.swe.grading import default_test_cmd, patch_files  # noqa: E402
+from envs.swe.grading import harness_row  # noqa: E402
 from envs.swe.instance import SWEInstance, load_instances, write_jsonl  # noqa: E402
 
 TASKS = ROOT / "data" / "swe_tasks" / "tasks.jsonl"
-SWEBENCH_PY = "/work/venv-swebench/bin/python"
-HEREDOC = "EOF_ROLL_AGENT_TEST_PATCH"
+SWEBENCH_PY = os.environ.get("SWEBENCH_PY", "/work/venv-swebench/bin/python")
 
 
 def fixture_instances(n: int, tmp: Path) -> tuple[list[SWEInstance], dict[str, str]]:
@@ -109,26 +113,6 @@ def ensure_sigkill(images: set[str]) -> None:
         if sig not in ("SIGKILL", "9", "KILL"):
             raise SystemExit(f"image {image} has StopSignal={sig!r}; rebuild it with sandboxes.build_image "
                              "(task images are built with STOPSIGNAL SIGKILL)")
-
-
-def eval_script(inst: SWEInstance) -> str:
-    """swebench's eval.sh shape: test files reset, test_patch applied, tests between the markers."""
-    wd, base = shlex.quote(inst.workdir), shlex.quote(inst.base_commit or "HEAD")
-    files = " ".join(shlex.quote(f) for f in patch_files(inst.test_patch))
-    lines = ["#!/bin/bash", "set -uxo pipefail", f"cd {wd}", f"git config --global --add safe.directory {wd}"]
-    if inst.test_patch.strip():
-        lines += [f"for f in {files}; do git checkout -q {base} -- \"$f\" 2>/dev/null || rm -rf -- \"$f\"; done",
-                  f"git apply -v - <<'{HEREDOC}'\n{inst.test_patch.rstrip(chr(10))}\n{HEREDOC}"]
-    lines += [": '>>>>> Start Test Output'", inst.test_cmd or default_test_cmd(inst), ": '>>>>> End Test Output'"]
-    return "\n".join(lines) + "\n"
-
-
-def swebench_row(inst: SWEInstance) -> dict:
-    return {"instance_id": inst.instance_id, "repo": inst.repo or "local/repo", "version": inst.version or "0",
-            "base_commit": inst.base_commit, "patch": inst.patch, "test_patch": inst.test_patch,
-            "problem_statement": inst.problem_statement, "FAIL_TO_PASS": inst.FAIL_TO_PASS,
-            "PASS_TO_PASS": inst.PASS_TO_PASS, "image": inst.image, "eval_script": eval_script(inst),
-            "log_parser": "parse_log_pytest", "eval_type": "pass_and_fail"}
 
 
 VERDICT_KEYS = ("resolved", "unresolved", "empty_patch", "error")
@@ -206,8 +190,14 @@ def phase_line(name: str, phases: dict[str, dict[str, float]]) -> str:
         f"{k}={sum(p[k] for p in ran) / len(ran):.2f}s" for k in keys)
 
 
+def overhead_share(phases: dict[str, dict[str, float]]) -> float:
+    """Mean over the instances whose tests ran of (time outside the test command) / (test time)."""
+    ran = [p for p in phases.values() if p["tests"] > 0]
+    return sum((p["total"] - p["tests"]) / p["tests"] for p in ran) / len(ran) if ran else float("nan")
+
+
 def run_ours(work: Path, dataset: Path, preds: Path, workers: int, tag: str, backend: str) -> tuple[float, dict]:
-    out = work / f"ours-{backend}-{tag}"
+    out = work / f"ours-{tag}"
     cmd = [sys.executable, "-m", "roll_agent.swe_eval", "--dataset", str(dataset), "--predictions", str(preds),
            "--sandbox", backend, "--workers", str(workers), "--output-dir", str(out), "--timeout", "600"]
     t0 = time.monotonic()
@@ -277,27 +267,33 @@ def main(argv=None) -> int:
         instances, patches = fixture_instances(args.n, work)
     ensure_sigkill({i.image for i in instances})
     write_jsonl(work / "ours.jsonl", [i.to_dict() for i in instances])
-    (work / "swebench.json").write_text(json.dumps([swebench_row(i) for i in instances]))
+    harness_rows = [harness_row(i) for i in instances]
+    (work / "swebench.json").write_text(json.dumps(harness_rows))
+    write_jsonl(work / "harness.jsonl", harness_rows)
     write_jsonl(work / "preds.jsonl", [{"instance_id": iid, "model_name_or_path": "bench", "model_patch": p}
                                        for iid, p in patches.items()])
     print(f"instances: {len(instances)} from {source}; images: {len({i.image for i in instances})}; "
           f"workers: {args.workers}; work dir: {work}", flush=True)
     images = {i.image for i in instances}
     no_bwrap = bwrap_comparable(images)
-    times: dict[str, list[float]] = {"swebench": [], "docker": [], "bwrap": []}
+    times: dict[str, list[float]] = {"swebench": [], "docker": [], "bwrap": [], "harness": []}
     reports: dict[str, dict] = {}
-    for r in range(args.rounds):
-        wall, reports["swebench"] = run_swebench(work, work / "swebench.json", work / "preds.jsonl", args.workers,
-                                                 str(r))
-        times["swebench"].append(wall)
-        for backend in ("docker", "bwrap"):
-            if backend == "bwrap" and no_bwrap:
-                continue
-            if backend == "bwrap":
+
+    def run(name: str, r: int) -> None:
+        if name == "swebench":
+            wall, reports[name] = run_swebench(work, work / "swebench.json", work / "preds.jsonl", args.workers, str(r))
+        else:
+            if name == "bwrap":
                 clear_exports(images)
-            wall, reports[backend] = run_ours(work, work / "ours.jsonl", work / "preds.jsonl", args.workers,
-                                              str(r), backend)
-            times[backend].append(wall)
+            dataset = work / ("harness.jsonl" if name == "harness" else "ours.jsonl")
+            wall, reports[name] = run_ours(work, dataset, work / "preds.jsonl", args.workers, f"{name}-{r}",
+                                           "bwrap" if name == "bwrap" else "docker")
+        times[name].append(wall)
+
+    ours = ["docker", "harness"] + ([] if no_bwrap else ["bwrap"])
+    for r in range(args.rounds):
+        for name in (["swebench", *ours] if r % 2 == 0 else [*ours, "swebench"]):
+            run(name, r)
         print("round %d: " % r + ", ".join(f"{k} {v[-1]:.1f}s" for k, v in times.items() if v), flush=True)
     if no_bwrap:
         print(f"bwrap run skipped: {no_bwrap}")
@@ -314,6 +310,7 @@ def main(argv=None) -> int:
     print(phase_line("swebench", sb_phases))
     print(phase_line("ours", our_phases))
     tests_s = {k: sum(p["tests"] for p in ph.values()) for k, ph in (("sb", sb_phases), ("ours", our_phases))}
+    overhead = {k: overhead_share(ph) for k, ph in (("sb", sb_phases), ("ours", our_phases))}
     med = {k: sorted(t)[len(t) // 2] for k, t in times.items() if t}
     counts = {k: sum(x == k for x in v["docker"].values()) for k in VERDICT_KEYS}
     bwrap = (f"ratio_bwrap={med['swebench'] / med['bwrap']:.2f} bwrap_s={med['bwrap']:.1f} " if "bwrap" in med
@@ -321,6 +318,7 @@ def main(argv=None) -> int:
     print(f"RESULT same_verdicts={same}/{len(patches)} ratio={med['swebench'] / med['docker']:.2f} "
           f"swebench_s={med['swebench']:.1f} ours_docker_s={med['docker']:.1f} {bwrap}workers={args.workers} "
           f"n={len(instances)} swebench_tests_s={tests_s['sb']:.1f} ours_tests_s={tests_s['ours']:.1f} "
+          f"swebench_overhead={overhead['sb']:.2f} ours_overhead={overhead['ours']:.2f} "
           f"source={'fixture' if 'fixture' in source else 'task_set'} "
           + " ".join(f"{k}={n}" for k, n in counts.items()))
     return 0

@@ -8,8 +8,10 @@
 Writes DIR/report.json (SWE-bench report fields: total/submitted/completed/resolved/
 unresolved/empty_patch/error counts and the id lists, plus each instance's status and
 reason) and DIR/logs/<instance_id>/ (patch.diff, run_instance.log: every grading step,
-test_output.txt, report.json). A malformed dataset line is an error instance; the
-others are still evaluated.
+test_output.txt, result.json: our whole record, and for a completed instance report.json
+in the official harness's shape, `{id: {patch_successfully_applied, resolved,
+tests_status}}`, so tooling written for its logs reads ours). A malformed dataset line
+is an error instance; the others are still evaluated.
 
 Speed: pytest stops at the first FAIL_TO_PASS/PASS_TO_PASS test that fails (that test
 decides "unresolved"; --no-fail-fast runs everything); sandboxes are started ahead of
@@ -127,7 +129,20 @@ def write_instance_logs(log_dir: Path, result: GradeResult, patch: str) -> None:
     (d / "patch.diff").write_text(patch)
     (d / "run_instance.log").write_text(result.log or f"[not run: {result.status}] {result.reason}\n")
     (d / "test_output.txt").write_text(result.test_output)
-    (d / "report.json").write_text(json.dumps(result.to_dict(), indent=2) + "\n")
+    (d / "result.json").write_text(json.dumps(result.to_dict(), indent=2) + "\n")
+    if result.status in (RESOLVED, UNRESOLVED):  # the harness writes one for the instances it completed
+        (d / "report.json").write_text(json.dumps(harness_report(result, patch), indent=2) + "\n")
+
+
+def harness_report(result: GradeResult, patch: str) -> dict[str, Any]:
+    """The official harness's per-instance report.json (its get_eval_report, tests_status included)."""
+    none = {"success": [], "failure": []}
+    return {result.instance_id: {
+        "patch_is_None": False, "patch_exists": bool(patch.strip()),
+        "patch_successfully_applied": bool(result.tests),  # the harness: a log it could read
+        "resolved": result.resolved,
+        "tests_status": {"FAIL_TO_PASS": result.fail_to_pass, "PASS_TO_PASS": result.pass_to_pass,
+                         "FAIL_TO_FAIL": none, "PASS_TO_FAIL": none}}}
 
 
 def run_eval(args: argparse.Namespace) -> dict[str, Any]:

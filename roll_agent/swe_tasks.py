@@ -6,7 +6,8 @@
 `make` injects bugs into the project and keeps those its own tests catch and the
 reversal fixes (envs.swe.task_maker); `--source` may repeat (tasks per source). The
 instances follow the SWE-bench schema plus `image`, `test_cmd`, `source` and
-`source_sha256`. `build-images` rebuilds each task's repo from its source (the sdist
+`source_sha256`; with `--format harness`, the SWE-bench 5.x one instead of `test_cmd`
+(`eval_script`, `log_parser: parse_log_pytest`, `eval_type`), as the official harness runs them. `build-images` rebuilds each task's repo from its source (the sdist
 is re-downloaded at the pinned version and must match the recorded sha256), checks it
 comes out at the recorded base_commit, and builds roll-agent-swe:<instance_id> from
 roll-agent-base:latest with the repo at /testbed owned by uid 1000. Images that exist
@@ -21,7 +22,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from envs.swe.instance import SWEInstance, load_instances, write_jsonl
+from envs.swe.grading import harness_row
+from envs.swe.instance import SWEInstance, instance_from_dict, load_instances, write_jsonl
 from envs.swe.mutations import OPERATORS
 from envs.swe.task_maker import MakerConfig, make_tasks
 from envs.swe.task_source import MakerError, fetch_source, restore_task_repo
@@ -78,6 +80,8 @@ def _make(args) -> int:
                           max_fail=args.max_fail, sandbox=args.sandbox, test_timeout=args.test_timeout,
                           pythonpath=args.pythonpath, cache=args.cache, log=_log)
         rows.extend(make_tasks(cfg))
+    if args.format == "harness":
+        rows = [harness_row(instance_from_dict(row)) for row in rows]
     tmp = f"{args.out}.tmp-{os.getpid()}"
     write_jsonl(tmp, rows)
     os.replace(tmp, args.out)
@@ -104,6 +108,8 @@ def main(argv=None) -> int:
     mk.add_argument("--test-timeout", type=float, default=None, help="seconds per test run")
     mk.add_argument("--pythonpath", default="", help="PYTHONPATH for the tests, e.g. src")
     mk.add_argument("--cache", default=None, help="sdist cache dir")
+    mk.add_argument("--format", choices=("roll_agent", "harness"), default="roll_agent",
+                    help="harness: SWE-bench 5.x rows (eval_script, parse_log_pytest) instead of test_cmd")
     bi = sub.add_parser("build-images", help="build the per-task docker images of a task file")
     bi.add_argument("dataset")
     bi.add_argument("--force", action="store_true", help="rebuild images that exist")

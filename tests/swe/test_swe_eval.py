@@ -46,8 +46,14 @@ def test_every_outcome_is_reported_and_a_malformed_line_does_not_stop_the_others
     logs = out / "logs"
     assert "4 passed" in (logs / "gold" / "test_output.txt").read_text()
     assert "Hunk #1 FAILED" in (logs / "not_applying" / "run_instance.log").read_text()
-    assert json.loads((logs / "wrong" / "report.json").read_text())["pass_to_pass"]["failure"] == [
+    assert json.loads((logs / "wrong" / "result.json").read_text())["pass_to_pass"]["failure"] == [
         "tests/test_calc.py::test_add"]
+    # the official harness's per-instance report, for the instances it would complete
+    wrong = json.loads((logs / "wrong" / "report.json").read_text())["wrong"]
+    assert (wrong["resolved"], wrong["patch_successfully_applied"]) == (False, True)
+    assert wrong["tests_status"]["PASS_TO_PASS"]["failure"] == ["tests/test_calc.py::test_add"]
+    assert json.loads((logs / "gold" / "report.json").read_text())["gold"]["resolved"] is True
+    assert not (logs / "not_applying" / "report.json").exists() and (logs / "not_applying" / "result.json").exists()
     assert (logs / "gold" / "patch.diff").read_text() == swe_patches["gold"]
     assert '"resolved_instances": 1' in capsys.readouterr().out
 

@@ -209,7 +209,7 @@ def test_maker_end_to_end_tasks_are_verified(made, tmp_path):
 @pytest.mark.slow
 @pytest.mark.docker
 def test_build_images_then_gold_resolves(made, tmp_path, swe_image):
-    from envs.swe.grading import grade
+    from envs.swe.grading import grade, harness_row
     from envs.swe.instance import instance_from_dict
     from roll_agent.swe_tasks import build_images
     from sandboxes.build_image import docker_client
@@ -228,6 +228,11 @@ def test_build_images_then_gold_resolves(made, tmp_path, swe_image):
     assert log[-1] == "1 images exist, 0 to build"
     assert grade(instances[0], instances[0].patch, sandbox="docker").status == "resolved"
     assert grade(instances[0], "", sandbox="docker").status == "empty_patch"
+    # `swe_tasks make --format harness`: the same task as an SWE-bench 5.x row, run by its eval_script
+    harness = instance_from_dict(harness_row(instances[0]))
+    assert harness.eval_script and harness.test_cmd is None
+    r = grade(harness, harness.patch, sandbox="docker")
+    assert r.status == "resolved" and "bash /tmp/roll_agent_eval.sh" in r.log, r.log[-2000:]
 
 
 # ---------------------------------------------------------------- the shipped task set
