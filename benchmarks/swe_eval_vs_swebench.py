@@ -81,10 +81,15 @@ def task_set_instances(path: Path, n: int) -> tuple[list[SWEInstance], dict[str,
     instances = [dataclasses.replace(i, image=images[i.instance_id]) for i in instances]
     preds = {}
     for k, inst in enumerate(instances):
-        kind = ("gold", "wrong", "gold", "not_applying", "gold", "empty")[k % 6]
-        preds[inst.instance_id] = {"gold": inst.patch, "empty": "", "wrong": _unrelated_patch(),
-                                   "not_applying": _broken(inst.patch)}[kind]
+        kind = ("gold", "wrong", "gold", "broken", "gold", "empty")[k % 6]
+        preds[inst.instance_id] = prediction_kinds(inst)[kind]
     return instances, preds
+
+
+def prediction_kinds(inst: SWEInstance) -> dict[str, str]:
+    """The patches every verdict kind comes from: gold (resolved), wrong (applies, fixes
+    nothing: unresolved), broken (does not apply: error), empty (empty_patch)."""
+    return {"gold": inst.patch, "wrong": _unrelated_patch(), "broken": _broken(inst.patch), "empty": ""}
 
 
 def _unrelated_patch() -> str:

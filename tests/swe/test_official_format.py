@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from pathlib import Path
 
 import pytest
 
@@ -208,3 +209,32 @@ def test_a_parser_that_raises_ends_only_that_instance_with_the_reason(swe_projec
                fail_fast=False)
     assert r.status == "error"
     assert r.reason == "log parser 'test-broken-parser' failed on the test output: KeyError: 'no such field'"
+
+
+# -- real projects' instances in the official format, graded as the official harness graded them --
+
+HARNESS_SET = Path(__file__).resolve().parents[2] / "data" / "swe_harness"
+
+
+@pytest.mark.slow
+@pytest.mark.docker
+def test_our_verdicts_equal_the_official_harness_on_real_projects(swe_image, official):
+    """data/swe_harness: SWE-bench 5.x rows (eval_script, parse_log_pytest) from cachetools (a src
+    layout: its eval_script sets PYTHONPATH=src) and boltons; verdicts.json is what swebench's own
+    run_evaluation gave each instance for each prediction kind (benchmarks/swe_harness_verdicts.py)."""
+    from benchmarks.swe_eval_vs_swebench import prediction_kinds
+    from envs.swe.instance import load_instances
+    from roll_agent.swe_eval import evaluate
+    from roll_agent.swe_tasks import build_images
+
+    expected = json.loads((HARNESS_SET / "verdicts.json").read_text())["verdicts"]
+    instances = load_instances(HARNESS_SET / "tasks.jsonl")
+    assert {i.repo for i in instances} == {"pypi/cachetools", "pypi/boltons"}
+    assert all(i.eval_script and i.log_parser == "parse_log_pytest" for i in instances)
+    build_images(instances, log=lambda _: None)  # from the pinned sdists; cached by content
+    want = {"gold": "resolved", "wrong": "unresolved", "broken": "error", "empty": "empty_patch"}
+    for kind, verdict_kind in want.items():
+        preds = {i.instance_id: {"model_patch": prediction_kinds(i)[kind]} for i in instances}
+        got = {iid: r.status for iid, r in evaluate(instances, preds, "docker", workers=2).items()}
+        assert got == {iid: v[kind] for iid, v in expected.items()}, kind
+        assert set(got.values()) == {verdict_kind}, kind
