@@ -90,6 +90,29 @@ def test_parse_log_pytest_v2_reads_colours_ids_with_spaces_and_old_pytest_lines(
                                    "tests/test_old.py::test_legacy": "PASSED"}
 
 
+def test_the_harness_parsers_of_other_languages_are_accepted_too(official):
+    go = "=== RUN   TestParse\n--- PASS: TestParse (0.00s)\n--- FAIL: TestEmit/empty (0.01s)\n--- SKIP: TestNet (0.00s)\n"
+    assert official("parse_log_gotest")(go) == {"TestParse": "PASSED", "TestEmit/empty": "FAILED",
+                                                 "TestNet": "SKIPPED"}
+    cargo = "running 2 tests\ntest lexer::tests::ident ... ok\ntest parser::tests::expr ... FAILED\n"
+    assert official("parse_log_cargo")(cargo) == {"lexer::tests::ident": "PASSED",
+                                                  "parser::tests::expr": "FAILED"}
+
+
+def test_every_name_in_the_harness_registry_is_a_parser_here(official):
+    from envs.swe.log_parsers import official_parsers
+
+    names = sorted(official_parsers())
+    assert len(names) > 40 and {"parse_log_pytest", "parse_log_django", "parse_log_jest"} <= set(names)
+    refused = []
+    for name in names:  # each one is found and bound to the instance; it reads a log of no tests as none,
+        try:  # or (a few, made for one repository's instances) refuses an instance it does not know,
+            assert official(name, version="1.0")("") == {}, name
+        except ValueError:  # which grading records as that instance's error
+            refused.append(name)
+    assert len(refused) <= 3, refused
+
+
 def test_an_unknown_official_name_lists_the_harness_names(official):
     with pytest.raises(ValueError, match="unknown log parser 'parse_log_nope'; the official harness has: .*"
                                          "parse_log_django"):
