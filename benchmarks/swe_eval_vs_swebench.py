@@ -92,6 +92,15 @@ def prediction_kinds(inst: SWEInstance) -> dict[str, str]:
     return {"gold": inst.patch, "wrong": _unrelated_patch(), "broken": _broken(inst.patch), "empty": ""}
 
 
+def edge_prediction_kinds(inst: SWEInstance) -> dict[str, str]:
+    """The gold fix as tools mangle it: CRLF line ends, no final newline; and already applied
+    (the fix backwards: its reverse applies to the buggy tree)."""
+    gold = inst.patch
+    return {"crlf": gold.replace("\n", "\r\n"), "no_newline": gold.rstrip("\n"),
+            "already_applied": re.sub(r"^([+-])(?![+-]{2} )", lambda m: "+" if m.group(1) == "-" else "-", gold,
+                                      flags=re.M)}
+
+
 def _unrelated_patch() -> str:
     """Applies anywhere and fixes nothing: the tests decide (unresolved)."""
     return ("diff --git a/NOTES.roll_agent b/NOTES.roll_agent\nnew file mode 100644\n--- /dev/null\n"

@@ -6,7 +6,8 @@ evaluation must agree with (tests/swe/test_harness_set.py reads the file this wr
 
 Each instance is graded by `swebench.harness.run_evaluation` (5.x: its image, eval_script,
 log_parser, eval_type) with its gold patch, an unrelated patch (applies, fixes nothing),
-a broken one (no fallback can place it) and an empty one: one harness run per kind.
+a broken one (no fallback can place it), an empty one, and the gold patch with CRLF line
+ends, without its final newline, and backwards (already applied): one harness run per kind.
 Writes {"harness": "swebench X.Y.Z", "verdicts": {instance_id: {kind: verdict}}}.
 """
 from __future__ import annotations
@@ -19,8 +20,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.swe_eval_vs_swebench import (SWEBENCH_PY, ensure_sigkill, prediction_kinds,  # noqa: E402
-                                             run_swebench, verdicts)
+from benchmarks.swe_eval_vs_swebench import (SWEBENCH_PY, edge_prediction_kinds, ensure_sigkill,  # noqa: E402
+                                             prediction_kinds, run_swebench, verdicts)
 from envs.swe.grading import harness_row  # noqa: E402
 from envs.swe.instance import load_instances, write_jsonl  # noqa: E402
 
@@ -35,10 +36,11 @@ def main(argv=None) -> int:
     work = Path(tempfile.mkdtemp(prefix="swe-harness-verdicts-"))
     (work / "tasks.json").write_text(json.dumps([harness_row(i) for i in instances]))
     found: dict[str, dict[str, str]] = {i.instance_id: {} for i in instances}
-    for kind in ("gold", "wrong", "broken", "empty"):
+    kinds = {i.instance_id: {**prediction_kinds(i), **edge_prediction_kinds(i)} for i in instances}
+    for kind in kinds[instances[0].instance_id]:
         preds = work / f"preds-{kind}.jsonl"
         write_jsonl(preds, [{"instance_id": i.instance_id, "model_name_or_path": "bench",
-                             "model_patch": prediction_kinds(i)[kind]} for i in instances])
+                             "model_patch": kinds[i.instance_id][kind]} for i in instances])
         _, report = run_swebench(work, work / "tasks.json", preds, 2, kind)
         for iid, verdict in verdicts(report).items():
             found[iid][kind] = verdict

@@ -7,7 +7,9 @@
 Steps, each one exec in the sandbox (its command and output go to `r.log`):
   1. check out base_commit (a no-op in images that are already there);
   2. apply the model patch: `git apply`, else `git apply --3way`, else `patch --fuzz=5`
-     (`r.apply_method` says which one took it); none: error "patch does not apply";
+     (`r.apply_method` says which one took it); none, but its reverse applies: the change is
+     in the tree already ("already applied", as the official harness counts it: the tests
+     decide); else error "patch does not apply";
   3. restore the files test_patch touches to base_commit (a model may not edit the
      tests that judge it), apply test_patch;
   4. run test_cmd (default: pytest -rA on the files the test ids name), parse its log
@@ -63,6 +65,7 @@ STOP_ENV = (f'export ROLL_AGENT_STOP_IDS={STOP_DIR}/ids.txt '
             f'PYTEST_ADDOPTS="-p roll_agent_stop${{PYTEST_ADDOPTS:+ $PYTEST_ADDOPTS}}" '
             f'PYTHONPATH="{STOP_DIR}${{PYTHONPATH:+:$PYTHONPATH}}"; ')
 
+ALREADY_APPLIED = "already applied"  # apply_method when no method applies the patch but its reverse does
 # (name, command) tried in order; a failed --3way that left conflicts is undone before the next
 APPLY_METHODS = (
     ("git apply", f"git apply --verbose {MODEL_PATCH}"),
@@ -229,8 +232,10 @@ class _Run:
             if self.step(f"apply model patch ({name})", cmd).ok:
                 self.result.apply_method = name
                 break
-        else:
-            return self.fail("patch does not apply (git apply, git apply --3way and patch --fuzz=5 all failed)")
+        else:  # as the official harness: a patch whose reverse applies is in the tree already; the tests decide
+            if not self.step("is the model patch already applied", f"git apply --check --reverse {MODEL_PATCH}").ok:
+                return self.fail("patch does not apply (git apply, git apply --3way and patch --fuzz=5 all failed)")
+            self.result.apply_method = ALREADY_APPLIED
         if inst.eval_script is None and inst.test_patch.strip():  # an eval_script applies it itself
             restore = "; ".join(f"if git cat-file -e HEAD:{q} 2>/dev/null; then git checkout -q HEAD -- {q}; "
                                 f"else rm -rf -- {q}; fi" for q in map(shlex.quote, patch_files(inst.test_patch)))

@@ -173,10 +173,13 @@ def test_patch_that_does_not_apply_is_an_error_with_the_reason(graded):
     assert "Hunk #1 FAILED" in r.log and r.reward == 0.0
 
 
-def test_a_reversed_patch_is_not_applied_backwards(graded_bwrap):
+def test_a_reversed_patch_is_not_applied_backwards_but_counts_as_already_applied(graded_bwrap):
+    # its reverse applies: the change is in the tree already (the official harness's "verified
+    # already applied"); the tree stays as it was, so the tests still fail
     r = graded_bwrap("reversed")
-    assert r.status == ERROR and r.reason.startswith("patch does not apply")
+    assert (r.status, r.apply_method) == (UNRESOLVED, "already applied")
     assert "Reversed (or previously applied) patch detected!  Skipping patch." in r.log
+    assert r.tests["tests/test_mul.py::test_mul"] == "FAILED"
 
 
 def test_empty_patch(graded_bwrap):

@@ -244,8 +244,10 @@ HARNESS_SET = Path(__file__).resolve().parents[2] / "data" / "swe_harness"
 def test_our_verdicts_equal_the_official_harness_on_real_projects(swe_image, official):
     """data/swe_harness: SWE-bench 5.x rows (eval_script, parse_log_pytest) from cachetools (a src
     layout: its eval_script sets PYTHONPATH=src) and boltons; verdicts.json is what swebench's own
-    run_evaluation gave each instance for each prediction kind (benchmarks/swe_harness_verdicts.py)."""
-    from benchmarks.swe_eval_vs_swebench import prediction_kinds
+    run_evaluation gave each instance for each prediction kind (benchmarks/swe_harness_verdicts.py):
+    gold, wrong, broken, empty, and the gold fix with CRLF line ends, without its final newline,
+    and backwards (already applied)."""
+    from benchmarks.swe_eval_vs_swebench import edge_prediction_kinds, prediction_kinds
     from envs.swe.instance import load_instances
     from roll_agent.swe_eval import evaluate
     from roll_agent.swe_tasks import build_images
@@ -255,9 +257,11 @@ def test_our_verdicts_equal_the_official_harness_on_real_projects(swe_image, off
     assert {i.repo for i in instances} == {"pypi/cachetools", "pypi/boltons"}
     assert all(i.eval_script and i.log_parser == "parse_log_pytest" for i in instances)
     build_images(instances, log=lambda _: None)  # from the pinned sdists; cached by content
-    want = {"gold": "resolved", "wrong": "unresolved", "broken": "error", "empty": "empty_patch"}
+    want = {"gold": "resolved", "wrong": "unresolved", "broken": "error", "empty": "empty_patch",
+            "crlf": "resolved", "no_newline": "resolved", "already_applied": "unresolved"}
     for kind, verdict_kind in want.items():
-        preds = {i.instance_id: {"model_patch": prediction_kinds(i)[kind]} for i in instances}
+        preds = {i.instance_id: {"model_patch": {**prediction_kinds(i), **edge_prediction_kinds(i)}[kind]}
+                 for i in instances}
         got = {iid: r.status for iid, r in evaluate(instances, preds, "docker", workers=2).items()}
         assert got == {iid: v[kind] for iid, v in expected.items()}, kind
         assert set(got.values()) == {verdict_kind}, kind
