@@ -12,7 +12,8 @@ is already there and passes (PASS_TO_PASS). Patches:
                 `git apply` refuses it, `git apply --3way` merges it
   fuzzy         the fix with a wrong outer context line and no blob ids: only `patch --fuzz` applies it
   reversed      the fix backwards (its new side is what base_commit has): must not apply, in
-                particular not as `patch -R`, which `patch --batch` assumes unless told --forward
+                particular not as `patch -R`, which `patch --batch` assumes unless told --forward;
+                its reverse applies, so it counts as already applied (the tree stays buggy)
 
 Fixtures: swe_project (no docker: repo dir + instance with repo=<local path>, for bwrap),
 swe_image (the docker image; skips without a daemon, fails when CI is set), swe_instance
