@@ -253,10 +253,11 @@ class BufferHost:
         await self.buffer.set_version(version)
 
     def snapshot(self) -> dict:
-        """What the driver's façades read synchronously, taken at one instant."""
-        return {"stats": dict(self.buffer.stats), "state": self.buffer.state_dict(), "held": dict(self.held),
-                "counts": dict(self.buffer.ledger.counts), "waiting": len(self.buffer),
-                "in_flight": sum(self.in_flight.values()) + self.buffer.num_waiting_episodes}
+        """What the driver's façades read synchronously, taken at one instant (`state`: what a
+        checkpoint keeps, the episodes in flight counted as cancelled)."""
+        in_flight = sum(self.in_flight.values()) + self.buffer.num_waiting_episodes
+        return {"stats": dict(self.buffer.stats), "state": self.buffer.state_dict(in_flight), "held": dict(self.held),
+                "counts": dict(self.buffer.ledger.counts), "waiting": len(self.buffer), "in_flight": in_flight}
 
     def load_state_dict(self, state: dict) -> None:
         self.buffer.load_state_dict(state)

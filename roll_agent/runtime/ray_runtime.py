@@ -32,7 +32,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 import roll_agent
 from roll_agent.config import Config, ConfigError, EnvSpec
 from roll_agent.protocols import Engine, Proxy, Trainer
-from roll_agent.rollout.accounting import PROXY_FAULTS, EpisodeLedger, RolloutStats
+from roll_agent.rollout.accounting import PROXY_FAULTS, RolloutStats
 from roll_agent.rollout.chat import ChatFormatter
 from roll_agent.rollout.env_manager import EnvManager
 from roll_agent.runtime.forward import AsyncHost, Host, forwards
@@ -284,10 +284,7 @@ class RayRollout:
         return RolloutStats.of(Counter(snap["counts"]), snap["in_flight"], self.proxy_stats, self.watchdog.metrics())
 
     def state_dict(self) -> dict:
-        ledger = EpisodeLedger()
-        ledger.counts = Counter(self.buffer_snapshot["counts"])
-        buffer = {**self.buffer_snapshot["state"], "episodes": ledger.state_dict(self.buffer_snapshot["in_flight"])}
-        return {"buffer": buffer, "scheduler": self.scheduler.state_dict()}
+        return {"buffer": self.buffer_snapshot["state"], "scheduler": self.scheduler.state_dict()}
 
     def load_state_dict(self, state: dict) -> None:
         ray.get(self.buffer_handle.load_state_dict.remote(state["buffer"]))

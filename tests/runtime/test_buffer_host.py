@@ -32,6 +32,8 @@ def test_a_dead_workers_in_flight_episodes_end_as_lost_and_its_places_come_back(
         await host.call_as(dead, "ledger.end", ("env_error",), {"n": 1})
         before = host.snapshot()
         assert before["in_flight"] == 2 + 2 and _identity(before)  # 2 waiting here, 2 running in the dead worker
+        # what a checkpoint keeps: the episodes in flight never end in the resumed run
+        assert before["state"]["episodes"]["cancelled"] == before["counts"]["cancelled"] + 4
 
         assert await host.release_owner(dead) == 2
         await host.call_as(dead, "ledger.end", ("cancelled", 2), {})  # a late call of the dead worker: already lost
