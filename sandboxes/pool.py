@@ -138,8 +138,9 @@ def create_container(cfg: DockerConfig) -> Container:
 def remove(api, cid: str) -> None:
     """SIGKILL and delete at once: no 10 s stop grace period, nothing left behind. Returns once
     the daemon says the container is gone; a removal it refuses or is still doing (it can,
-    under load) is asked again until REMOVE_TIMEOUT_S and REMOVE_ATTEMPTS times at least (a call
-    that timed out client-side, after docker-py's 60 s, may have removed nothing), then logged (the sweep of a later start removes it once this process has exited)."""
+    under load) is asked again until REMOVE_TIMEOUT_S and REMOVE_ATTEMPTS times at least (a
+    call that timed out client-side, after docker-py's 60 s, may have removed nothing), then
+    logged (the sweep of a later start removes it once this process has exited)."""
     import docker
     import requests
 
