@@ -1,8 +1,10 @@
 import asyncio
 import contextlib
 import os
+import shutil
 import signal
 import sys
+import tempfile
 import warnings
 from pathlib import Path
 
@@ -25,15 +27,20 @@ _SIGNALS = [signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGCHLD, signal
 def _restore_process_state():
     """Undo what a test (or the run it drove) changed process-wide: environment variables
     (RANK, MASTER_ADDR, ROLL_AGENT_CACHE, ...), the working directory, torch's thread count,
-    signal handlers, a Ray session left initialised by a failed test, and the warm pools of
-    started sandbox containers a test's envs made (they live for the process otherwise)."""
+    signal handlers, a Ray session left initialised by a failed test, the short Ray temp dirs
+    its runs made under /tmp (roll_agent/runtime/ray_runtime.py::_temp_dir; a user's run keeps
+    its logs there), and the warm pools of started sandbox containers a test's envs made
+    (they live for the process otherwise)."""
     environ, cwd = dict(os.environ), os.getcwd()
     handlers = {sig: signal.getsignal(sig) for sig in _SIGNALS}
+    ray_dirs = set(Path(tempfile.gettempdir()).glob("roll-ray-*"))
     yield
     ray = sys.modules.get("ray")
     if ray is not None and ray.is_initialized():
         warnings.warn("the test left Ray initialised: shut down here", stacklevel=1)
         ray.shutdown()
+    for d in set(Path(tempfile.gettempdir()).glob("roll-ray-*")) - ray_dirs:
+        shutil.rmtree(d, ignore_errors=True)
     if (pool := sys.modules.get("sandboxes.pool")) is not None:
         pool.shutdown_pools()
     os.environ.clear()
