@@ -185,11 +185,11 @@ def ours_phases(log_dir: Path) -> dict[str, dict[str, float]]:
     removal happen off the worker's path, ahead of and behind it)."""
     out = {}
     for log in log_dir.glob("*/run_instance.log"):
-        phases = {"checkout": 0.0, "apply": 0.0, "tests": 0.0}
+        phases = {"checkout+apply": 0.0, "tests": 0.0}  # the first command checks out and applies
         steps = re.findall(r"^\$ ([^:]+):.*?\[exit -?\d+[^\]]*?, ([\d.]+)s\]", log.read_text(errors="replace"),
                            re.M | re.S)
         for name, secs in steps:
-            key = "checkout" if name.startswith("checkout") else "apply" if "patch" in name else "tests"
+            key = "tests" if name.startswith("run tests") else "checkout+apply"
             phases[key] += float(secs)
         phases["total"] = sum(phases.values())
         out[log.parent.name] = phases

@@ -4,7 +4,8 @@
     r = grade(instance, model_patch, sandbox="docker", timeout=600)
     r.status  # "resolved" | "unresolved" | "error" | "empty_patch";  r.reason says why for errors
 
-Steps, each one exec in the sandbox (its command and output go to `r.log`):
+Steps, execs in the sandbox (each command and its output go to `r.log`; 1 and the first
+try of 2 are one command, as most patches take the first way):
   1. check out base_commit (a no-op in images that are already there);
   2. apply the model patch: `git apply`, else `git apply --3way`, else `patch --fuzz=5`
      (`r.apply_method` says which one took it); none, but its reverse applies: the change is
@@ -75,10 +76,12 @@ APPLY_METHODS = (
     ("patch --fuzz", f"patch --batch --forward --fuzz=5 -p1 --dry-run -i {MODEL_PATCH} && "
                      f"patch --batch --forward --fuzz=5 -p1 --no-backup-if-mismatch -r - -i {MODEL_PATCH}"),
 )
+CHECKOUT_FAILED = 97  # the exit code of the first command when base_commit cannot be checked out
 _CHECKOUT = ('git update-index -q --refresh >/dev/null 2>&1; '
              'want=$(git rev-parse -q --verify "$BASE_COMMIT^{commit}") || '
-             '{ echo "base_commit $BASE_COMMIT is not in the repository at $PWD"; exit 3; }; '
-             '[ "$(git rev-parse HEAD)" = "$want" ] || git -c advice.detachedHead=false checkout -q -f "$want"')
+             f'{{ echo "base_commit $BASE_COMMIT is not in the repository at $PWD"; exit {CHECKOUT_FAILED}; }}; '
+             '[ "$(git rev-parse HEAD)" = "$want" ] || git -c advice.detachedHead=false checkout -q -f "$want" || '
+             f'exit {CHECKOUT_FAILED}')
 
 
 @dataclasses.dataclass
@@ -225,17 +228,16 @@ class _Run:
                 writes.append(f'printf "%s" "$ROLL_AGENT_FILE{k}" > {path}')
             else:
                 self.sb.write_file(path, text)
-        r = self.step("checkout base_commit", "; ".join([*writes, _CHECKOUT]), env=env)
-        if not r.ok:
+        # one command writes the files, checks out base_commit and tries the first way to apply
+        # the patch (each exec is a round trip to the sandbox: most patches take the first way)
+        (first, first_cmd), *rest = APPLY_METHODS
+        r = self.step(f"checkout base_commit, apply model patch ({first})", "; ".join([*writes, _CHECKOUT, first_cmd]),
+                      env=env)
+        if r.exit_code == CHECKOUT_FAILED or r.timed_out:
             return self.fail(f"malformed instance: cannot check out base_commit: {r.output.strip()[-300:]}")
-        for name, cmd in APPLY_METHODS:
-            if self.step(f"apply model patch ({name})", cmd).ok:
-                self.result.apply_method = name
-                break
-        else:  # as the official harness: a patch whose reverse applies is in the tree already; the tests decide
-            if not self.step("is the model patch already applied", f"git apply --check --reverse {MODEL_PATCH}").ok:
-                return self.fail("patch does not apply (git apply, git apply --3way and patch --fuzz=5 all failed)")
-            self.result.apply_method = ALREADY_APPLIED
+        self.result.apply_method = first if r.ok else self.apply_fallbacks(rest)
+        if not self.result.apply_method:
+            return self.fail("patch does not apply (git apply, git apply --3way and patch --fuzz=5 all failed)")
         if inst.eval_script is None and inst.test_patch.strip():  # an eval_script applies it itself
             restore = "; ".join(f"if git cat-file -e HEAD:{q} 2>/dev/null; then git checkout -q HEAD -- {q}; "
                                 f"else rm -rf -- {q}; fi" for q in map(shlex.quote, patch_files(inst.test_patch)))
@@ -267,6 +269,15 @@ class _Run:
                 self.result.not_run += [t for t in split["failure"] if t not in self.result.tests]
                 split["failure"] = [t for t in split["failure"] if t in self.result.tests]
         return self.result
+
+    def apply_fallbacks(self, methods) -> str:
+        """The first of `methods` that applies the model patch; none: ALREADY_APPLIED when its
+        reverse applies (as the official harness: the change is in the tree, the tests decide), else ""."""
+        for name, cmd in methods:
+            if self.step(f"apply model patch ({name})", cmd).ok:
+                return name
+        reverse = self.step("is the model patch already applied", f"git apply --check --reverse {MODEL_PATCH}")
+        return ALREADY_APPLIED if reverse.ok else ""
 
     def run_tests(self, timeout: float, fail_fast: bool):
         if self.inst.eval_script is not None:
