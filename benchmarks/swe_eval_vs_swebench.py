@@ -95,10 +95,10 @@ def prediction_kinds(inst: SWEInstance) -> dict[str, str]:
 def edge_prediction_kinds(inst: SWEInstance) -> dict[str, str]:
     """The gold fix as tools mangle it: CRLF line ends, no final newline; and already applied
     (the fix backwards: its reverse applies to the buggy tree)."""
+    from tests.swe.conftest import reverse_patch
+
     gold = inst.patch
-    return {"crlf": gold.replace("\n", "\r\n"), "no_newline": gold.rstrip("\n"),
-            "already_applied": re.sub(r"^([+-])(?![+-]{2} )", lambda m: "+" if m.group(1) == "-" else "-", gold,
-                                      flags=re.M)}
+    return {"crlf": gold.replace("\n", "\r\n"), "no_newline": gold.rstrip("\n"), "already_applied": reverse_patch(gold)}
 
 
 def _unrelated_patch() -> str:

@@ -1,5 +1,5 @@
 """The official harness's verdicts on a task set, for every prediction kind: what our
-evaluation must agree with (tests/swe/test_harness_set.py reads the file this writes).
+evaluation must agree with (tests/swe/test_official_format.py reads the file this writes).
 
     SWEBENCH_PY=/work/venv-swebench/bin/python PYTHONPATH=$PWD \\
         python benchmarks/swe_harness_verdicts.py data/swe_harness/tasks.jsonl data/swe_harness/verdicts.json

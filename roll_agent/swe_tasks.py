@@ -7,7 +7,8 @@
 reversal fixes (envs.swe.task_maker); `--source` may repeat (tasks per source). The
 instances follow the SWE-bench schema plus `image`, `test_cmd`, `source` and
 `source_sha256`; with `--format harness`, the SWE-bench 5.x one instead of `test_cmd`
-(`eval_script`, `log_parser: parse_log_pytest`, `eval_type`), as the official harness runs them. `build-images` rebuilds each task's repo from its source (the sdist
+(`eval_script`, `log_parser: parse_log_pytest`, `eval_type`), as the official harness
+runs them. `build-images` rebuilds each task's repo from its source (the sdist
 is re-downloaded at the pinned version and must match the recorded sha256), checks it
 comes out at the recorded base_commit, and builds roll-agent-swe:<instance_id> from
 roll-agent-base:latest with the repo at /testbed owned by uid 1000. Images that exist

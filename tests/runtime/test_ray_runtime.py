@@ -144,9 +144,10 @@ def test_ray_temp_dir_is_short_and_linked_from_a_long_output_dir(tmp_path):
         os.rmdir(temp)
 
 
-async def _kill_engine_after_first_step(out, training) -> dict:
+async def _kill_engine_after_first_step(out, training) -> tuple[dict, int]:
     """SIGKILL the engine actor after the first training step; returns the proxy's stats
-    once Ray restarted it and the proxy re-synced it."""
+    once Ray restarted it and the proxy re-synced it, and the version the restarted engine
+    then serves."""
     await _first_step(out, training)
     engine, proxy = ray.get_actor("engine-0"), ray.get_actor("proxy")
     os.kill(await engine.ping.remote(), signal.SIGKILL)
@@ -162,8 +163,19 @@ async def _kill_engine_after_first_step(out, training) -> dict:
                 raise
             continue
         if stats.get("engine_restarts"):
-            return stats
+            break
         await asyncio.sleep(0.2)
+    while not training.done():  # the restart is counted before the re-sync: wait for the engine's weights
+        try:
+            served = (await engine.state.remote())["version"]
+        except Exception:  # the run is ending: the check above says how
+            await asyncio.sleep(1.0)
+            continue
+        if served >= 1:
+            return stats, served
+        await asyncio.sleep(0.2)
+    training.result()
+    raise AssertionError("the run ended before the restarted engine was re-synced")
 
 
 @pytest.mark.slow
@@ -172,11 +184,12 @@ def test_killed_engine_is_restarted_resynced_and_no_episode_is_lost(tmp_path):
 
     async def scenario():
         training = asyncio.create_task(train(cfg))
-        stats = await _kill_engine_after_first_step(tmp_path, training)
-        return await training, stats
+        stats, served = await _kill_engine_after_first_step(tmp_path, training)
+        return await training, stats, served
 
-    final, stats = run(scenario(), timeout=300)
+    final, stats, served = run(scenario(), timeout=300)
     assert final == 4
+    assert served >= 1  # the restarted engine itself serves trained weights, not the base model's
     # the kill hit requests in flight (lost, re-issued), or an idle engine that the next answer
     # (at its initial weights' version) or the next sync (a new pid) found restarted
     assert stats["engine_restarts"] == 1

@@ -128,6 +128,11 @@ def _diff_of(repo: Path, files: dict[str, str], *paths: str) -> str:
     return diff
 
 
+def reverse_patch(diff: str) -> str:
+    """The diff backwards: its added lines removed and its removed lines added (headers kept)."""
+    return re.sub(r"^([+-])(?![+-]{2} )", lambda m: "+" if m.group(1) == "-" else "-", diff, flags=re.M)
+
+
 def make_swe_project(root: Path) -> SWEProject:
     """The minicalc repo under `root` (two commits; base_commit has the bug) and its patches."""
     repo = root / "minicalc"
@@ -152,7 +157,7 @@ def make_swe_project(root: Path) -> SWEProject:
         instance_id="minicalc__mul-1", repo=str(repo), base_commit=base, patch=gold, test_patch=test_patch,
         problem_statement="mul(3, 4) returns 7, not 12: mul adds its arguments instead of multiplying them.",
         FAIL_TO_PASS=list(F2P), PASS_TO_PASS=list(P2P), test_cmd=TEST_CMD)
-    reversed_gold = re.sub(r"^([+-])(?![+-]{2} )", lambda m: "+" if m.group(1) == "-" else "-", gold, flags=re.M)
+    reversed_gold = reverse_patch(gold)
     patches = {"gold": gold, "wrong": wrong, "not_applying": _NOT_APPLYING, "empty": "",
                "three_way": three_way, "fuzzy": _FUZZY, "reversed": reversed_gold}
     return SWEProject(repo, inst, patches)
