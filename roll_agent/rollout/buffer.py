@@ -75,25 +75,36 @@ class SampleBuffer:
         return train_version - min_version <= self.async_ratio
 
     async def get_batch(self, train_version: int) -> list[Group]:
-        """The first `groups_per_batch` fresh groups to complete, for the step that makes `train_version + 1`."""
-        batch: list[Group] = []
+        """The first `groups_per_batch` fresh groups to complete, for the step that makes `train_version + 1`.
+        Taken all at once when that many are here: a wait that is cancelled takes nothing."""
         async with self._cond:
-            while len(batch) < self.groups_per_batch:
-                await self._cond.wait_for(lambda: bool(self._groups))
-                group = self._groups.popleft()
+            while True:
+                self._drop_stale(train_version)
+                if len(self._groups) >= self.groups_per_batch:
+                    break
+                await self._cond.wait()
+            batch = [self._groups.popleft() for _ in range(self.groups_per_batch)]
+            for group in batch:
                 self.held -= self.group_size
-                if self.is_fresh(group.min_version, train_version):
-                    batch.append(group)
-                    self.consumed_places += self.group_size
-                    for traj in group.trajectories:
-                        self.ledger.end(traj.status)
-                else:
-                    self.stats["groups_dropped_stale"] += 1
-                    self.stats["episodes_dropped_stale"] += len(group.trajectories)
-                    self.ledger.end(Status.STALE_DROPPED, len(group.trajectories))
-                    self._cond.notify_all()
+                self.consumed_places += self.group_size
+                for traj in group.trajectories:
+                    self.ledger.end(traj.status)
             self.stats["groups_consumed"] += len(batch)
         return batch
+
+    def _drop_stale(self, train_version: int) -> None:
+        """Drop (and count) the waiting groups too old to train `train_version + 1` on."""
+        stale = [g for g in self._groups if not self.is_fresh(g.min_version, train_version)]
+        if stale:
+            fresh = [g for g in self._groups if self.is_fresh(g.min_version, train_version)]
+            self._groups.clear()
+            self._groups.extend(fresh)
+            for group in stale:
+                self.held -= self.group_size
+                self.stats["groups_dropped_stale"] += 1
+                self.stats["episodes_dropped_stale"] += len(group.trajectories)
+                self.ledger.end(Status.STALE_DROPPED, len(group.trajectories))
+            self._cond.notify_all()  # their places are free
 
     def state_dict(self, in_flight: int = 0) -> dict:
         return {"consumed_places": self.consumed_places, "stats": dict(self.stats),
