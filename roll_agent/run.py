@@ -72,7 +72,7 @@ async def run_components(cfg: Config, runtime, model_path: str, out: Path) -> in
     if resume_from:
         logger.log({"step": first_step, "resumed_from_step": first_step})
     if rollout_state is None and cfg.warmup.sft_steps:
-        run_warmup(trainer, cfg.envs, formatter, cfg.warmup, cfg.rollout, cfg.seed, log=logger.log)
+        await run_warmup(trainer, cfg.envs, formatter, cfg.warmup, cfg.rollout, cfg.seed, log_row=logger.log)
 
     rollout = runtime.make_rollout(formatter, trainer.version)
     if rollout_state is not None:

@@ -1,56 +1,80 @@
 """Supervised warm-start on demonstrations played by the envs' own experts.
 
 Real agent pipelines start RL from an SFT model; here the demonstrations come from
-each env's `expert_action()` (with an optional share of random admissible actions),
-written as token sequences by the same chat framing the rollout uses.
+each env's `expert_action()` (with an optional share of random admissible actions).
+They are played by the rollout's own episode loop (`EnvManager`), the expert answering
+in place of the model: the same chat framing, token layout, env-error handling and
+success rule as the episodes RL trains on.
 """
 
 from __future__ import annotations
 
+import logging
 import random
 
 from roll_agent.config import EnvSpec, RolloutConfig, WarmupConfig
 from roll_agent.rollout.chat import ChatFormatter
-from roll_agent.rollout.envs import make_env
+from roll_agent.rollout.env_manager import EnvManager
 from roll_agent.rollout.groups import TRAIN_SEED_SPACE
-from roll_agent.types import Trajectory
+from roll_agent.types import GenerateRequest, GenerateResult, Status
+
+log = logging.getLogger(__name__)
 
 
-def demonstration(env, formatter: ChatFormatter, seed: int, max_turns: int, epsilon: float,
-                  rng: random.Random) -> Trajectory:
-    expert = getattr(env.unwrapped, "expert_action", None)
-    if expert is None:
-        raise ValueError(f"{env.spec.id if env.spec else env} has no expert_action(); set warmup.sft_steps=0")
-    obs, info = env.reset(seed=seed)
-    traj = Trajectory(seed=seed)
-    traj.append(formatter.first_prompt(str(info.get("instructions", "")), str(obs), info.get("tools")), generated=False)
-    for _ in range(max_turns):
-        admissible = info.get("admissible_actions")
-        action = rng.choice(admissible) if admissible and rng.random() < epsilon else expert()
-        ids = formatter.encode(action) + [formatter.end_of_turn_id]
-        traj.append(ids, generated=True, logprobs=[0.0] * len(ids), versions=[0] * len(ids))
-        obs, reward, terminated, truncated, info = env.step(action)
-        traj.step_rewards.append(float(reward))
-        if terminated or truncated:
-            traj.success = bool(info.get("success", reward > 0))
-            break
-        traj.append(formatter.next_turn(str(obs), True), generated=False)
-    return traj
+class ExpertPolicy:
+    """Answers an EnvManager's requests with its env's expert action (a random admissible one
+    with probability `epsilon`), as token ids ending the turn the way the chat template does."""
+
+    version = 0
+
+    def __init__(self, manager: EnvManager, formatter: ChatFormatter, epsilon: float, rng: random.Random):
+        self.manager, self.formatter, self.epsilon, self.rng = manager, formatter, epsilon, rng
+
+    async def generate(self, request: GenerateRequest) -> GenerateResult:
+        env = self.manager.env
+        expert = getattr(env.unwrapped, "expert_action", None)
+        if expert is None:
+            raise ValueError(f"{env.spec.id if env.spec else env} has no expert_action(); set warmup.sft_steps=0")
+        admissible = self.manager.info.get("admissible_actions")
+        action = self.rng.choice(admissible) if admissible and self.rng.random() < self.epsilon else expert()
+        ids = self.formatter.encode(action) + [self.formatter.end_of_turn_id]
+        budget = request.sampling.max_new_tokens
+        finish = "stop" if len(ids) <= budget else "length"
+        ids = ids[:budget]
+        return GenerateResult(ids, [0.0] * len(ids), [0] * len(ids), finish, request.request_id, 0)
+
+    def clear_abort(self, env_id: str) -> None:
+        """Never aborted."""
 
 
-def run_warmup(trainer, specs: list[EnvSpec], formatter: ChatFormatter, cfg: WarmupConfig,
-               rollout: RolloutConfig, seed: int, log=None) -> None:
+def expert_manager(spec: EnvSpec, formatter: ChatFormatter, rollout: RolloutConfig, epsilon: float,
+                   rng: random.Random) -> EnvManager:
+    manager = EnvManager(f"warmup-{spec.name}", spec, formatter, None, rollout)
+    manager.proxy = ExpertPolicy(manager, formatter, epsilon, rng)
+    return manager
+
+
+async def run_warmup(trainer, specs: list[EnvSpec], formatter: ChatFormatter, cfg: WarmupConfig,
+                     rollout: RolloutConfig, seed: int, log_row=None) -> None:
     rng = random.Random(seed)
-    envs = [make_env(spec) for spec in specs]
+    managers = [expert_manager(spec, formatter, rollout, cfg.expert_epsilon, rng) for spec in specs]
     try:
         for step in range(cfg.sft_steps):
-            demos = [demonstration(envs[i % len(envs)], formatter, rng.randrange(TRAIN_SEED_SPACE),
-                                   rollout.max_turns, cfg.expert_epsilon, rng)
-                     for i in range(cfg.episodes_per_step)]
+            played = [await managers[i % len(managers)].run_episode(rng.randrange(TRAIN_SEED_SPACE))
+                      for i in range(cfg.episodes_per_step)]
+            demos = [t for t in played if t.status in (Status.FINISHED, Status.TRUNCATED)]
+            failed = [t for t in played if t.status not in (Status.FINISHED, Status.TRUNCATED)]
+            if not demos:
+                raise RuntimeError(f"every demonstration of warm-start step {step} failed (first: {played[0].status}: "
+                                   f"{played[0].error}); fix the env or set warmup.sft_steps=0")
+            if failed:
+                log.warning("warm-start step %d: %d of %d demonstrations failed (first: %s: %s)", step,
+                            len(failed), len(played), failed[0].status, failed[0].error)
             metrics = trainer.sft_step(demos, cfg.lr)
-            if log is not None:
-                log({"sft_step": step, **metrics, "demo_success_rate": sum(d.success for d in demos) / len(demos)})
+            if log_row is not None:
+                log_row({"sft_step": step, **metrics, "demo_success_rate": sum(d.success for d in demos) / len(demos),
+                         "demos_failed": len(failed)})
         trainer.reset_reference()  # RL's KL term anchors to the warm-started model
     finally:
-        for env in envs:
-            env.close()
+        for manager in managers:
+            await manager.close()

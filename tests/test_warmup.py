@@ -7,6 +7,7 @@ from roll_agent.config import AlgorithmConfig, EnvSpec, ModelConfig, RolloutConf
 from roll_agent.rollout.chat import ChatFormatter
 from roll_agent.train.trainer import TorchTrainer
 from roll_agent.warmup import run_warmup
+from tests.conftest import run
 from tests.train.test_policy_step import multi_turn_groups
 
 
@@ -17,8 +18,8 @@ def test_warmup_moves_the_kl_reference_to_the_warm_started_policy(tiny_model_dir
                            ModelConfig(), seed=0)
     before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
     formatter = ChatFormatter(AutoTokenizer.from_pretrained(tiny_model_dir))
-    run_warmup(trainer, [EnvSpec()], formatter, WarmupConfig(sft_steps=2, episodes_per_step=4, lr=1e-2),
-               RolloutConfig(max_turns=3), seed=0)
+    run(run_warmup(trainer, [EnvSpec()], formatter, WarmupConfig(sft_steps=2, episodes_per_step=4, lr=1e-2),
+                   RolloutConfig(max_turns=3), seed=0))
     ref = dict(trainer.ref_model.named_parameters())
     moved = False
     for name, p in trainer.model.named_parameters():
@@ -35,3 +36,36 @@ def test_warmup_moves_the_kl_reference_to_the_warm_started_policy(tiny_model_dir
     resumed.load(tmp_path / "ckpt")
     for name, p in resumed.ref_model.named_parameters():
         torch.testing.assert_close(p, ref[name], rtol=0, atol=0, msg=name)
+
+
+def test_demonstrations_are_the_experts_actions_played_by_the_rollout_loop(tiny_model_dir):
+    import random
+
+    from transformers import AutoTokenizer
+
+    from roll_agent.rollout.envs import make_env
+    from roll_agent.types import Status
+    from roll_agent.warmup import expert_manager
+
+    formatter = ChatFormatter(AutoTokenizer.from_pretrained(tiny_model_dir))
+    manager = expert_manager(EnvSpec(), formatter, RolloutConfig(max_turns=20), 0.0, random.Random(0))
+    traj = run(manager.run_episode(seed=5))
+    assert traj.status == Status.FINISHED and traj.success and traj.reward > 0
+    env = make_env(EnvSpec())  # the same episode by hand: the expert's actions
+    env.reset(seed=5)
+    actions, done = [], False
+    while not done:
+        actions.append(env.unwrapped.expert_action())
+        _, _, terminated, truncated, _ = env.step(actions[-1])
+        done = terminated or truncated
+    turns, ids = [], []  # the trained (loss-masked) token runs, one per turn
+    for token, mask in zip(traj.token_ids, traj.loss_mask):
+        if mask:
+            ids.append(token)
+        elif ids:
+            turns.append(ids)
+            ids = []
+    turns += [ids] if ids else []
+    assert [formatter.response_text(t) for t in turns] == actions
+    assert traj.num_turns == len(actions) and set(traj.logprobs) == {0.0}
+    run(manager.close())

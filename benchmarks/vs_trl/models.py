@@ -48,8 +48,8 @@ def prepare_models(root: Path, seed: int, sft_steps: dict[str, int] = SFT_STEPS)
     models = {}
     for task, spec in specs.items():
         trainer = TorchTrainer(str(base), TrainerConfig(), AlgorithmConfig(kl_coef=0.0), ModelConfig(), seed=seed)
-        run_warmup(trainer, [spec], formatter, WarmupConfig(sft_steps=sft_steps[task], episodes_per_step=32,
-                                                            lr=SFT_LR), RolloutConfig(max_turns=3), seed)
+        asyncio.run(run_warmup(trainer, [spec], formatter, WarmupConfig(sft_steps=sft_steps[task], episodes_per_step=32,
+                                                                        lr=SFT_LR), RolloutConfig(max_turns=3), seed))
         out = root / f"warm_model-{task}"
         trainer.model.save_pretrained(out)
         tokenizer.save_pretrained(out)

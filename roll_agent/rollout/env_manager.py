@@ -40,6 +40,7 @@ class EnvManager:
         self.executor = executor
         self.watchdog = watchdog or Watchdog()  # bounds each stage: step_timeout_s, episode_timeout_s
         self.env = None
+        self.info: dict = {}  # the env's last reset/step info (the warm-start's expert reads it)
         self.current: Trajectory | None = None  # the episode in progress (read by the scheduler)
         self._thread_call: asyncio.Future | None = None  # a blocking env call that may outlive its episode
 
@@ -115,6 +116,7 @@ class EnvManager:
                 obs, info = await areset(seed=seed)
         else:
             obs, info = await self._call(self.env.reset, seed=seed, timeout=cfg.step_timeout_s)
+        self.info = info
         prompt = self.formatter.first_prompt(str(info.get("instructions", "")), str(obs), info.get("tools"))
         traj.append(prompt, generated=False)
         traj.prompt_len = len(prompt)
@@ -132,6 +134,7 @@ class EnvManager:
             traj.append(result.token_ids, generated=True, logprobs=result.logprobs, versions=result.versions)
             traj.num_turns += 1
             obs, reward, terminated, truncated, info = await self._step(self.formatter.response_text(result.token_ids))
+            self.info = info
             gen_s, env_s = gen_s + t1 - t0, env_s + time.perf_counter() - t1
             traj.step_rewards.append(float(reward))
             traj.metrics["invalid_actions"] = traj.metrics.get("invalid_actions", 0) + bool(info.get("invalid_action"))
