@@ -10,6 +10,7 @@ import time
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 from roll_agent.config import EnvSpec, ProxyConfig, RolloutConfig, ScriptedEngineConfig  # noqa: E402
+from roll_agent.controller import update_weights  # noqa: E402
 from roll_agent.proxy.engines.scripted import ScriptedEngine  # noqa: E402
 from roll_agent.rollout.chat import ChatFormatter  # noqa: E402
 from roll_agent.rollout.stack import RolloutStack, build_rollout  # noqa: E402
@@ -51,7 +52,7 @@ async def consume(stack: RolloutStack, batches: int, on_batch=None) -> tuple[flo
             fills.append(time.perf_counter() - live)
             if on_batch is not None:
                 on_batch(v, batch)
-            await stack.update_weights(v + 1)
+            await update_weights(stack, v + 1)
             live = time.perf_counter()
         return time.perf_counter() - start, fills
     finally:

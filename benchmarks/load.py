@@ -21,6 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.common import build_stack, make_formatter, result_line, sim_spec  # noqa: E402
 from roll_agent.config import RolloutConfig, ScriptedEngineConfig  # noqa: E402
+from roll_agent.controller import update_weights  # noqa: E402
 from roll_agent.rollout.accounting import OUTCOMES  # noqa: E402
 
 
@@ -53,7 +54,7 @@ async def run_load(formatter, lanes: int, group_size: int, batches: int, step_ms
             batch = await stack.buffer.get_batch(v)
             trained += sum(len(g.trajectories) for g in batch)
             await asyncio.sleep(train_s)
-            await stack.update_weights(v + 1)
+            await update_weights(stack, v + 1)
         seconds = time.perf_counter() - start
         steps = stack.proxy.stats["requests"]
     finally:

@@ -42,7 +42,7 @@ from roll_agent.modeling import sync_parameters  # noqa: E402
 from roll_agent.proxy.engines.hf import HFEngine  # noqa: E402
 from roll_agent.tiny_model import build_tiny_model  # noqa: E402
 from roll_agent.train.trainer import make_trainer  # noqa: E402
-from roll_agent.train.weight_sync import InProcessSync  # noqa: E402
+from roll_agent.sync.inprocess import InProcessSync  # noqa: E402
 from roll_agent.types import SamplingParams  # noqa: E402
 
 CORPUS = ["Answer with any text. This env is simulated.", "task 123456 step 7", "left right up down"] * 50

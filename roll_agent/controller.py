@@ -1,9 +1,9 @@
 """AsyncController: the training loop with suspend-update-resume.
 
-    loop: batch = buffer.get_batch(version)
+    loop: batch = rollout.get_batch(version)
           trainer.step(batch) -> version + 1        (off the event loop: rollout goes on)
-          proxy.suspend(); weight_sync.push(); proxy.resume()
-          buffer.set_version(); scheduler.on_version()
+          proxy.suspend(); proxy.push_weights(version); proxy.resume()   (its WeightSync moves them)
+          rollout.on_version(version)               (admission widens, too-stale groups cancelled)
 
 Generation never waits for training beyond what the async ratio demands.
 """
@@ -20,7 +20,7 @@ from transformers import PreTrainedTokenizerBase
 from roll_agent.checkpoint import Checkpointer
 from roll_agent.config import CheckpointConfig, EvalConfig
 from roll_agent.metrics import MetricsLogger
-from roll_agent.protocols import Rollout, Trainer, WeightSync
+from roll_agent.protocols import Rollout, SyncReport, Trainer
 from roll_agent.rollout.accounting import OUTCOMES
 from roll_agent.rollout.env_manager import EnvManager
 from roll_agent.rollout.evaluate import evaluate, summarize
@@ -49,11 +49,21 @@ def stale_drop_warning(row: dict) -> str | None:
             "rollout.async_ratio.")
 
 
+async def update_weights(rollout: Rollout, version: int) -> SyncReport:
+    """Suspend -> push -> resume: the engines serve `version`; then the rollout learns of it."""
+    await rollout.proxy.suspend()
+    try:
+        report = await rollout.proxy.push_weights(version)
+    finally:
+        await rollout.proxy.resume()
+    await rollout.on_version(version)
+    return report
+
+
 @dataclass
 class Components:
-    rollout: Rollout
+    rollout: Rollout  # with the proxy, which owns the engines and their WeightSync
     trainer: Trainer
-    weight_sync: WeightSync
     eval_managers: list[EnvManager]
     tokenizer: PreTrainedTokenizerBase  # saved beside each checkpoint's model
 
@@ -73,8 +83,8 @@ class AsyncController:
         self._last_time = time.perf_counter()
         self._warned_stale = False
 
-    async def sync_weights(self, version: int) -> dict:
-        return await self.p.rollout.update_weights(version, self.p.weight_sync.push)
+    async def sync_weights(self, version: int) -> SyncReport:
+        return await update_weights(self.p.rollout, version)
 
     async def run(self) -> int:
         p, rollout = self.p, self.p.rollout

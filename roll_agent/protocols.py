@@ -8,7 +8,7 @@ implementation against its protocol.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Awaitable, Callable, Iterable, Protocol, runtime_checkable
+from typing import Any, Iterable, Protocol, TypedDict, runtime_checkable
 
 import torch
 
@@ -34,9 +34,25 @@ class Engine(Protocol):
     async def close(self) -> None: ...
 
 
+class SyncReport(TypedDict):
+    bytes: int  # moved, over all engines
+    seconds: float
+
+
+@runtime_checkable
+class WeightSync(Protocol):
+    """Moves the trainer's weights into engines; the LLMProxy that owns the engines calls it
+    while suspended (a weight update) or for one engine it restarted."""
+
+    async def push(self, engines: list[Engine], version: int) -> SyncReport:
+        """Afterwards each of `engines` serves `version`. An engine that died fails the push and
+        is left with `alive` false (the proxy takes it out of routing, restarts it, pushes again)."""
+
+
 @runtime_checkable
 class Proxy(Protocol):
-    """The LLMProxy as an EnvManager calls it."""
+    """The LLMProxy: what an EnvManager calls (generate, clear_abort) and what the controller
+    calls (suspend -> push_weights -> resume)."""
 
     version: int  # the weights it serves now: dates an episode's start
 
@@ -45,6 +61,15 @@ class Proxy(Protocol):
 
     def clear_abort(self, env_id: str) -> None:
         """A notification (returns nothing): the env may generate again."""
+
+    async def suspend(self) -> None:
+        """Stop dispatch; in-flight requests are aborted (re-issued after resume) or drained.
+        One suspend at a time: a second waits for the first's resume."""
+
+    async def push_weights(self, version: int) -> SyncReport:
+        """While suspended: the proxy's WeightSync pushes `version` into its live engines."""
+
+    async def resume(self) -> None: ...
 
 
 @runtime_checkable
@@ -92,22 +117,11 @@ class Trainer(Protocol):
     def load(self, path: Path) -> None: ...
 
 
-Push = Callable[[Any, int], Awaitable[dict]]
-
-
-@runtime_checkable
-class WeightSync(Protocol):
-    """Moves the trainer's weights to where the engines are, while the proxy is suspended."""
-
-    async def push(self, target: Any, version: int) -> dict:
-        """Returns {"bytes": moved, "seconds": taken}. `target`: the engines (local) or the proxy
-        actor that owns them (Ray)."""
-
-
 @runtime_checkable
 class Rollout(Protocol):
     """The rollout half as the controller drives it (`RolloutStack` locally, `RayRollout` over actors)."""
 
+    proxy: Proxy  # what its episodes generate through; the controller updates its weights
     watchdog: Any  # the Watchdog of the controller's own waits
 
     def start(self) -> None:
@@ -125,8 +139,8 @@ class Rollout(Protocol):
     async def cancel_running(self) -> int:
         """Cancel every running episode (they start afresh): the answer to a batch that never fills."""
 
-    async def update_weights(self, version: int, push: Push) -> dict:
-        """Suspend the proxy, `push`, resume; then admission widens and stale groups are cancelled."""
+    async def on_version(self, version: int) -> None:
+        """The proxy serves `version` now: admission widens, groups too stale for it are cancelled."""
 
     def stats(self):
         """A `RolloutStats` (roll_agent/rollout/accounting.py): cumulative counters now."""

@@ -74,12 +74,12 @@ async def run_components(cfg: Config, runtime, model_path: str, out: Path) -> in
     if rollout_state is None and cfg.warmup.sft_steps:
         await run_warmup(trainer, cfg.envs, formatter, cfg.warmup, cfg.rollout, cfg.seed, log_row=logger.log)
 
-    rollout = runtime.make_rollout(formatter, trainer.version)
+    rollout = runtime.make_rollout(formatter, trainer)  # its proxy pushes the trainer's weights into the engines
     if rollout_state is not None:
         rollout.load_state_dict(rollout_state)
     eval_managers = [rollout.env_manager(f"eval-{s.name}-{i}", s)
                      for s in cfg.envs for i in range(min(cfg.eval.num_episodes, 16))]
-    parts = Components(rollout, trainer, runtime.make_weight_sync(trainer), eval_managers, tokenizer)
+    parts = Components(rollout, trainer, eval_managers, tokenizer)
     controller = AsyncController(parts, logger, checkpointer, cfg.max_steps, cfg.checkpoint, cfg.eval)
     try:
         await controller.sync_weights(trainer.version)  # engines serve the (warm-started / resumed) weights

@@ -16,22 +16,23 @@ from roll_agent.proxy.engines.vllm import VLLMEngine
 from roll_agent.rollout.chat import ChatFormatter
 from roll_agent.rollout.stack import RolloutStack, build_rollout
 from roll_agent.runtime.trainer_process import ProcessTrainer
+from roll_agent.sync.inprocess import InProcessSync, VersionOnlySync
 from roll_agent.train.deepspeed_trainer import DeepSpeedTrainer
 from roll_agent.train.trainer import TorchTrainer
-from roll_agent.train.weight_sync import InProcessSync
 
 ray = pytest.importorskip("ray")
 from roll_agent.proxy.llm_proxy import LLMProxy  # noqa: E402
 from roll_agent.rollout.buffer import SampleBuffer  # noqa: E402
-from roll_agent.runtime.ray_hosts import OwnedBuffer, RayProxy, RemoteBuffer, RemoteEngine, RemoteProxy  # noqa: E402
-from roll_agent.runtime.ray_runtime import RaySync, RayRollout, RemoteTrainer  # noqa: E402
+from roll_agent.runtime.ray_hosts import OwnedBuffer, RemoteBuffer, RemoteEngine, RemoteProxy  # noqa: E402
+from roll_agent.runtime.ray_runtime import RayRollout, RemoteTrainer  # noqa: E402
+from roll_agent.sync.actors import BroadcastSync, ObjectStoreSync  # noqa: E402
 
 IMPLEMENTATIONS = {
     protocols.Engine: [HFEngine, VLLMEngine, OpenAIEngine, ScriptedEngine, RemoteEngine],
-    protocols.Proxy: [LLMProxy, RayProxy, RemoteProxy],
+    protocols.Proxy: [LLMProxy, RemoteProxy],
     protocols.Buffer: [SampleBuffer, OwnedBuffer, RemoteBuffer],
     protocols.Trainer: [TorchTrainer, DeepSpeedTrainer, ProcessTrainer, RemoteTrainer],
-    protocols.WeightSync: [InProcessSync, RaySync],
+    protocols.WeightSync: [InProcessSync, VersionOnlySync, BroadcastSync, ObjectStoreSync],
     protocols.Rollout: [RolloutStack, RayRollout],
 }
 CASES = [(proto, cls) for proto, classes in IMPLEMENTATIONS.items() for cls in classes]

@@ -6,10 +6,15 @@ requests (or lets them drain); each aborted request keeps its partial tokens and
 re-issued from its prefix after resume, so callers never see the abort and per-token
 versions show the switch.
 
+The proxy owns its WeightSync (roll_agent/protocols.py): the controller's update is
+`suspend(); push_weights(version); resume()`, and a restarted engine is pushed the
+served weights the same way, one update at a time.
+
 Faults: a request that raises or passes the watchdog's `request_timeout_s` is aborted
 and re-issued from its prefix on another engine (up to `max_request_retries` times).
-An engine that reports itself dead (`alive` false) is taken out of routing, restarted
-in the background when it can be (`restart()`), given the current weights, and put back.
+An engine that reports itself dead (`alive` false: after a failed request, or a failed
+push) is taken out of routing, restarted in the background when it can be
+(`restart()`), given the served weights, and put back.
 """
 
 from __future__ import annotations
@@ -17,9 +22,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Awaitable, Callable
 
 from roll_agent.config import ProxyConfig
+from roll_agent.protocols import SyncReport, WeightSync
+from roll_agent.sync.inprocess import VersionOnlySync
 from roll_agent.types import GenerateRequest, GenerateResult, SamplingParams
 from roll_agent.watchdog import Watchdog
 
@@ -36,7 +42,9 @@ class EngineFailure(RuntimeError):
 
 class LLMProxy:
     def __init__(self, engines: list, cfg: ProxyConfig | None = None, version: int = 0,
-                 watchdog: Watchdog | None = None):
+                 watchdog: Watchdog | None = None, weight_sync: WeightSync | None = None):
+        """`weight_sync`: how the trainer's weights reach these engines (None: the version only,
+        for engines with no weights to load)."""
         if not engines:
             raise ValueError("LLMProxy needs at least one engine")
         self.engines = engines
@@ -54,9 +62,10 @@ class LLMProxy:
         self._down: set[int] = set()  # crashed engines, out of routing until restarted
         self._up = asyncio.Event()  # set whenever an engine comes back
         self._restarts: set[asyncio.Task] = set()
-        self._push: Callable[[list, int], Awaitable[dict]] | None = None  # the last weight push, for restarts
+        self.weight_sync = weight_sync or VersionOnlySync()
+        self._updating = asyncio.Lock()  # held from suspend() to resume(), and by a restart's push
         self.stats = {"requests": 0, "reissues": 0, "user_aborts": 0, "gen_tokens": 0, "request_failures": 0,
-                      "engine_crashes": 0, "engine_restarts": 0}
+                      "engine_crashes": 0, "engine_restarts": 0, "sync_retries": 0}
 
     # ---- callers -------------------------------------------------------
     async def generate(self, request: GenerateRequest) -> GenerateResult:
@@ -112,28 +121,31 @@ class LLMProxy:
         self.stats["request_failures"] += 1
         self._sticky.pop(request.env_id, None)  # try another engine next
         await self.engines[idx].abort(sub_id)  # a stuck request must not keep running on the engine
-        if not self.engines[idx].alive and idx not in self._down:
-            self.stats["engine_crashes"] += 1
-            log.warning("engine %d crashed (%s): out of routing until restarted", idx, exc)
-            self._down.add(idx)
-            if self.engines[idx].restartable:
-                task = asyncio.create_task(self._restart(idx), name=f"restart-engine-{idx}")
-                self._restarts.add(task)
-                task.add_done_callback(self._restarts.discard)
+        if not self.engines[idx].alive:
+            self._crashed(idx, exc)
         if failures > self.cfg.max_request_retries:
             raise EngineFailure(f"request {request.request_id} of env {request.env_id} failed {failures} times; "
                                 f"last: {type(exc).__name__}: {exc}") from exc
         self.stats["reissues"] += 1
 
+    def _crashed(self, idx: int, exc: BaseException) -> None:
+        """Engine `idx` reported itself dead: out of routing, restarted in the background if it can be."""
+        if idx in self._down:
+            return
+        self.stats["engine_crashes"] += 1
+        log.warning("engine %d crashed (%s): out of routing until restarted", idx, exc)
+        self._down.add(idx)
+        if self.engines[idx].restartable:
+            task = asyncio.create_task(self._restart(idx), name=f"restart-engine-{idx}")
+            self._restarts.add(task)
+            task.add_done_callback(self._restarts.discard)
+
     async def _restart(self, idx: int) -> None:
         engine = self.engines[idx]
         try:
             await engine.restart()
-            pushed = None
-            while self._push is not None and pushed != self.version:  # the current weights, not its initial ones
-                await self._running.wait()  # not in the middle of a weight update
-                pushed = self.version
-                await self._push([engine], pushed)
+            async with self._updating:  # not during a weight update: the weights served now, not its initial ones
+                await self.weight_sync.push([engine], self.version)
         except Exception:
             log.exception("engine %d failed to restart; it stays out of routing", idx)
             return
@@ -167,26 +179,38 @@ class LLMProxy:
 
     # ---- commands ------------------------------------------------------
     async def suspend(self) -> None:
-        """Stop dispatch; abort in-flight requests (re-issued after resume) or let them finish."""
+        """Stop dispatch; abort in-flight requests (re-issued after resume) or let them finish.
+        One suspend at a time: a second (or a restart's push) waits for the first's resume."""
+        await self._updating.acquire()
         self._running.clear()
         if self.cfg.suspend_mode == "abort":
             await asyncio.gather(*(self.engines[i].abort(sub) for sub, (i, _, _) in list(self._inflight.items())))
         await self._drained.wait()
 
-    async def update_weights(self, push: Callable[[list, int], Awaitable[dict]], version: int) -> dict:
-        """Run `push(engines, version)` while suspended; returns its report (bytes, seconds)."""
+    async def push_weights(self, version: int) -> SyncReport:
+        """Push `version` into the live engines (a restarted one gets it from its restart). An
+        engine that dies during the push is taken out (and restarted), and the rest pushed again."""
         if self._running.is_set():
-            raise RuntimeError("update_weights needs a suspended proxy: call suspend() first")
+            raise RuntimeError("push_weights needs a suspended proxy: call suspend() first")
         start = time.perf_counter()
-        self._push = push
-        live = [e for i, e in enumerate(self.engines) if i not in self._down]  # a restart pushes on its own
-        report = await push(live, version)
+        report: SyncReport = {"bytes": 0, "seconds": 0.0}
+        while live := [i for i in range(len(self.engines)) if i not in self._down]:
+            try:
+                report = await self.weight_sync.push([self.engines[i] for i in live], version)
+                break
+            except Exception as exc:
+                lost = [i for i in live if not self.engines[i].alive]
+                if not lost:  # no engine died: the sync itself failed
+                    raise
+                self.stats["sync_retries"] += 1
+                for i in lost:
+                    self._crashed(i, exc)
         self.version = version
-        report.setdefault("seconds", time.perf_counter() - start)
-        return report
+        return {**report, "seconds": time.perf_counter() - start}
 
     async def resume(self) -> None:
         self._running.set()
+        self._updating.release()
 
     async def abort(self, env_id: str) -> None:
         """Abort every in-flight request of `env_id`; its callers get GenerationAborted."""

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Awaitable, Callable
 
 from roll_agent.config import EnvSpec, ProxyConfig, RolloutConfig, WatchdogConfig
+from roll_agent.protocols import WeightSync
 from roll_agent.proxy.llm_proxy import LLMProxy
 from roll_agent.rollout.accounting import RolloutStats
 from roll_agent.rollout.buffer import SampleBuffer
@@ -17,15 +17,6 @@ from roll_agent.rollout.env_manager import EnvManager
 from roll_agent.rollout.groups import GroupScheduler
 from roll_agent.types import Group
 from roll_agent.watchdog import Watchdog
-
-Push = Callable[[list, int], Awaitable[dict]]
-
-
-async def _no_weights(engines: list, version: int) -> dict:
-    for engine in engines:
-        await engine.load_weights([], version)
-    return {"bytes": 0}
-
 
 @dataclass
 class RolloutStack:
@@ -69,16 +60,9 @@ class RolloutStack:
         return RolloutStats.of(self.buffer.ledger.counts, self.scheduler.num_in_flight, self.proxy.stats,
                                self.watchdog.metrics())
 
-    async def update_weights(self, version: int, push: Push = _no_weights) -> dict:
-        """Suspend -> push weights -> resume; then admission widens and stale groups are cancelled."""
-        await self.proxy.suspend()
-        try:
-            report = await self.proxy.update_weights(push, version)
-        finally:
-            await self.proxy.resume()
+    async def on_version(self, version: int) -> None:
         await self.buffer.set_version(version)
         await self.scheduler.on_version(version)
-        return report
 
     async def close(self) -> None:
         await self.scheduler.stop()
@@ -89,9 +73,10 @@ class RolloutStack:
 
 def build_rollout(formatter: ChatFormatter, cfg: RolloutConfig, specs: list[EnvSpec], engines: list,
                   proxy_cfg: ProxyConfig | None = None, seed: int = 0, version: int = 0,
-                  watchdog_cfg: WatchdogConfig | None = None) -> RolloutStack:
+                  watchdog_cfg: WatchdogConfig | None = None, weight_sync: WeightSync | None = None) -> RolloutStack:
+    """`weight_sync`: how the trainer's weights reach `engines` (None: only the version, for scripted engines)."""
     watchdog = Watchdog(watchdog_cfg)
-    proxy = LLMProxy(engines, proxy_cfg, version=version, watchdog=watchdog)
+    proxy = LLMProxy(engines, proxy_cfg, version=version, watchdog=watchdog, weight_sync=weight_sync)
     buffer = SampleBuffer(cfg, version=version)
     executor = ThreadPoolExecutor(cfg.env_threads, thread_name_prefix="env")
 

@@ -93,14 +93,16 @@ def forwards(proto: type) -> Callable[[type], type]:
 class Host:
     """A Ray actor holding the component `build(*args)`, answering its protocol's calls one at a
     time (a synchronous actor: a weight read never overlaps a training step). `apply(fn, ...)`
-    runs `fn(component, ...)` here, for the work beside the contract (a weight broadcast)."""
+    runs `fn(component, ...)` here, for the work beside the contract (a weight broadcast).
+    An argument sent as an object reference is read here, from the object store (a batch
+    the buffer actor returned reaches the trainer actor without passing through the caller)."""
 
     def __init__(self, proto: type, build: Callable, *args):
         self.proto = proto
         self.component = build(*args)
 
     def invoke(self, name: str, args: tuple, kwargs: dict) -> tuple[Any, dict]:
-        return answer(self.component, self.proto, name, args, kwargs)
+        return answer(self.component, self.proto, name, _read_refs(args), kwargs)
 
     def state(self) -> dict:
         return state_of(self.component, self.proto)
@@ -110,6 +112,16 @@ class Host:
 
     def ping(self) -> int:
         return os.getpid()
+
+
+def _read_refs(args: tuple) -> tuple:
+    import ray  # a Host runs only as a Ray actor
+
+    refs = [i for i, a in enumerate(args) if isinstance(a, ray.ObjectRef)]
+    if not refs:
+        return args
+    values = dict(zip(refs, ray.get([args[i] for i in refs])))
+    return tuple(values.get(i, a) for i, a in enumerate(args))
 
 
 class AsyncHost(Host):

@@ -9,8 +9,8 @@ from roll_agent.config import Config, ConfigError
 from roll_agent.proxy.engines import make_engines
 from roll_agent.rollout.chat import ChatFormatter
 from roll_agent.rollout.stack import RolloutStack, build_rollout
+from roll_agent.sync.inprocess import InProcessSync
 from roll_agent.train.trainer import trainer_for_run
-from roll_agent.train.weight_sync import InProcessSync
 
 
 class LocalRuntime:
@@ -40,10 +40,9 @@ class LocalRuntime:
             return self._process_trainer
         return trainer_for_run(self.cfg, self.model_path)
 
-    def make_rollout(self, formatter: ChatFormatter, version: int) -> RolloutStack:
+    def make_rollout(self, formatter: ChatFormatter, trainer) -> RolloutStack:
+        """The rollout, its engines fed the weights of `trainer` (copied in this process)."""
         cfg = self.cfg
         engines = make_engines(cfg.engine, cfg.model, self.model_path, seed=cfg.seed)
-        return build_rollout(formatter, cfg.rollout, cfg.envs, engines, cfg.proxy, cfg.seed, version, cfg.watchdog)
-
-    def make_weight_sync(self, trainer) -> InProcessSync:
-        return InProcessSync(trainer.named_weights)
+        return build_rollout(formatter, cfg.rollout, cfg.envs, engines, cfg.proxy, cfg.seed, trainer.version,
+                             cfg.watchdog, InProcessSync(trainer.named_weights))

@@ -3,13 +3,13 @@ workers, and the clients through which a component in one actor calls one in ano
 Engines, trainer and proxy sit in `Host` actors; their clients are derived from the
 contracts (roll_agent/runtime/forward.py, roll_agent/protocols.py).
 
-Faults: an engine actor that dies is restarted by Ray; its requests come back to the
-LLMProxy as aborts (re-issued from their prefix, so no episode is lost), and RayProxy
-re-forms the weight-sync group and re-syncs all engines at the served version
-before the restarted one serves again. Ray hands calls made during the restart to the
-restarted actor, so a kill between requests raises nothing: the restarted engine is
-caught by its weight version (an answer at another version than it was synced to is
-discarded) or, at the next sync, by its new pid.
+Faults: an engine actor that dies is restarted by Ray. Its `RemoteEngine` then reports
+itself not alive, and the LLMProxy handles it as it does any crashed engine: its requests
+are re-issued from their prefix elsewhere (or wait for it), `restart()` waits for Ray's
+restart, and the proxy pushes it the served weights before it serves again. Ray hands
+calls made during a restart to the restarted actor, so a kill between requests raises
+nothing: the restarted engine is caught by its weight version (an answer at another
+version than it was synced to) or, at the next push, by its new pid (`confirm`).
 """
 
 from __future__ import annotations
@@ -29,14 +29,13 @@ from roll_agent.proxy.llm_proxy import LLMProxy
 from roll_agent.rollout.buffer import SampleBuffer
 from roll_agent.rollout.env_manager import EnvManager
 from roll_agent.rollout.groups import GroupScheduler
-from roll_agent.runtime import ray_weight_sync
 from roll_agent.runtime.forward import answer, answer_async, forwards
-from roll_agent.runtime.ray_weight_sync import BroadcastSync, ObjectStoreSync
+from roll_agent.sync import actors as actor_sync
+from roll_agent.sync.actors import BroadcastSync, ObjectStoreSync
 from roll_agent.types import EngineOutput, Group, Status
 from roll_agent.watchdog import Watchdog
 
 log = logging.getLogger(__name__)
-DOWN_RETRY_S = 0.05  # a request routed to a restarting engine comes back as an abort after this
 
 
 async def call(ref):
@@ -53,132 +52,84 @@ async def call(ref):
 
 
 # ---- proxy and engines -----------------------------------------------------------
+class EngineLost(RuntimeError):
+    """The engine actor died, or was restarted since it was last synced."""
+
+
 class RemoteEngine:
-    """An engine actor (a Host of the engine) as the LLMProxy sees it: the Engine protocol, a
-    dead actor's requests answered as aborts (the proxy re-issues them from their prefix)."""
+    """An engine actor (a Host of the engine) as the LLMProxy sees it: the Engine protocol; an
+    actor that died or restarted makes the call fail with `alive` false."""
 
-    alive = True
-    restartable = False  # Ray restarts a dead engine actor (RayProxy re-syncs it)
+    alive = True  # False once a call found the actor dead or restarted, until restart()
+    restartable = True  # restart(): Ray restarts the actor; this waits until it answers
 
-    def __init__(self, handle, index: int, on_lost):
+    def __init__(self, handle, index: int):
         self.handle = handle
         self.index = index
-        self.version = 0  # the version RayProxy last synced this engine to
-        self.pid = None  # the actor's process as of the last sync: another one is a restart
-        self.down = False
-        self._on_lost = on_lost
+        self.version = 0  # the version last pushed to it
+        self.pid = None  # the actor's process as of the last push: another one is a restart
+
+    def _lost(self, why: str) -> EngineLost:
+        self.alive = False
+        return EngineLost(f"engine {self.index} {why}")
 
     async def generate(self, prompt_ids, sampling, request_id) -> EngineOutput:
-        if self.down:
-            await asyncio.sleep(DOWN_RETRY_S)
-            return EngineOutput([], [], "abort")
         try:
             output, state = await call(self.handle.invoke.remote("generate", (prompt_ids, sampling, request_id), {}))
-        except RayActorError:
-            self._on_lost(self)
-            return EngineOutput([], [], "abort")
+        except RayActorError as exc:
+            raise self._lost(f"died: {exc}") from exc
         if state["version"] != self.version:  # restarted between requests: it serves its initial weights
-            self._on_lost(self)
-            return EngineOutput([], [], "abort")
+            raise self._lost(f"answered at version {state['version']}, pushed {self.version}: restarted")
         return output
 
     async def abort(self, request_id: str) -> None:
-        if not self.down:
+        if self.alive:
             try:
                 await self.handle.invoke.remote("abort", (request_id,), {})
             except RayActorError:
-                self._on_lost(self)
+                self.alive = False
+
+    async def restart(self) -> None:
+        """Wait for Ray's restart of the actor (ActorDiedError once its restarts are spent)."""
+        self.pid = await _alive(self.handle)
+        self.alive = True
+
+    async def confirm(self) -> None:
+        """Before a push: raise EngineLost if the actor died or is a new process since the last one."""
+        try:
+            pid = await self.handle.ping.remote()
+        except RayActorError as exc:
+            raise self._lost(f"died: {exc}") from exc
+        if self.pid is not None and pid != self.pid:
+            raise self._lost(f"was restarted (pid {self.pid} -> {pid})")
+        self.pid = pid
+
+    async def apply(self, fn, *args):
+        """`fn(engine, *args)` in the actor (a weight sync's work there)."""
+        try:
+            return await self.handle.apply.remote(fn, *args)
+        except RayActorError as exc:
+            raise self._lost(f"died: {exc}") from exc
 
     async def load_weights(self, named_tensors, version: int) -> int:
         """Weights through the object store: `named_tensors` is best the object the trainer returned
         (an ObjectRef: each engine actor reads it, nothing passes through this one). Returns the bytes."""
         if not isinstance(named_tensors, ray.ObjectRef):
             named_tensors = list(named_tensors)
-        return await self.handle.apply.remote(ray_weight_sync.load_weights, named_tensors, version)
+        moved = await self.apply(actor_sync.load_weights, named_tensors, version)
+        self.version = version
+        return moved
 
     async def close(self) -> None:
         try:
-            await self.handle.apply.remote(ray_weight_sync.close_engine)
+            await self.handle.apply.remote(_close_engine)
         except RayActorError:
             pass
 
 
-class RayProxy(LLMProxy):
-    """The LLMProxy over engine actors, and the weight sync that feeds them: the proxy actor's
-    component. The driver calls `sync_weights`, `report` and `close` through `Host.apply`."""
-
-    def __init__(self, cfg: Config, engine_handles: list, trainer, sync_type: str, version: int):
-        engines = [RemoteEngine(h, i, self._engine_lost) for i, h in enumerate(engine_handles)]
-        # the watchdog times requests (request_timeout_s); its counts reach the driver's
-        super().__init__(engines, cfg.proxy, version=version, watchdog=Watchdog(cfg.watchdog))
-        self.sync = ObjectStoreSync(trainer) if sync_type == "object_store" else \
-            BroadcastSync(trainer, cfg.weight_sync.bucket_mb, cfg.trainer.device, cfg.engine.device)
-        self.faults = Counter()  # engine_restarts, engine_requests_lost, sync_retries
-        self.max_restarts = cfg.runtime.ray.max_restarts
-        self._lock = asyncio.Lock()  # one suspend-update-resume at a time (the controller's or a recovery)
-        self._recovering: set[int] = set()
-
-    def report(self) -> dict:
-        return {"stats": {**self.stats, **self.faults, "version": self.version},
-                "watchdog": dict(self.watchdog.stats), "oldest": self.watchdog.oldest()}
-
-    async def sync_weights(self, version: int) -> dict:
-        """Suspend -> push -> resume; an engine that dies mid-sync is waited for, then all are synced again."""
-        self.watchdog.start()  # the first call of the run (the initial sync): the loop is running
-        async with self._lock:
-            await self.suspend()
-            try:
-                for retry in range(self.max_restarts + 1):
-                    await self._await_engines()  # raises for an actor that is gone for good
-                    try:
-                        report = await self.update_weights(self.sync.push, version)
-                    except Exception:  # an engine died mid-sync (the trainer then sees "connection closed"):
-                        if retry == self.max_restarts:  # wait for its restart, then sync all again
-                            raise
-                        self.faults["sync_retries"] += 1
-                        log.warning("weight sync to version %d failed; retrying once every engine answers",
-                                    version, exc_info=True)
-                        continue
-                    for engine in self.engines:
-                        engine.version = version
-                    return report
-            finally:
-                await self.resume()
-
-    async def _await_engines(self) -> None:
-        """Wait until every engine actor answers. One in a new process was restarted by Ray:
-        counted, and the weight-sync group is formed again (the sync that follows loads it)."""
-        pids = await asyncio.gather(*(_alive(e.handle) for e in self.engines))
-        for engine, pid in zip(self.engines, pids):
-            if engine.pid is not None and pid != engine.pid:
-                self.faults["engine_restarts"] += 1
-                self.sync.formed = False
-                log.warning("engine %d was restarted (pid %d -> %d); syncing it to version %d",
-                            engine.index, engine.pid, pid, self.version)
-            engine.pid = pid
-
-    def _engine_lost(self, engine: RemoteEngine) -> None:
-        self.faults["engine_requests_lost"] += 1
-        if engine.index not in self._recovering:
-            engine.down = True
-            self._recovering.add(engine.index)
-            asyncio.get_running_loop().create_task(self._recover(engine))
-
-    async def _recover(self, engine: RemoteEngine) -> None:
-        """Wait for Ray to restart the engine actor, then sync every engine to the served version."""
-        try:
-            await _alive(engine.handle)
-        except ActorDiedError:
-            log.error("engine %d is dead for good (runtime.ray.max_restarts spent)", engine.index)
-            return
-        await self.sync_weights(self.version)  # counts the restart (a new pid), re-forms the group
-        engine.down = False
-        self._recovering.discard(engine.index)
-        log.warning("engine %d serves again at version %d", engine.index, self.version)
-
-    async def close(self) -> None:
-        await super().close()
-        await self.watchdog.close()
+async def _close_engine(engine) -> None:
+    await engine.close()
+    actor_sync.leave_group()
 
 
 async def _alive(handle) -> int:
@@ -192,10 +143,35 @@ async def _alive(handle) -> int:
             await asyncio.sleep(0.5)
 
 
+def build_proxy(cfg: Config, engine_handles: list, trainer, sync_type: str, version: int) -> LLMProxy:
+    """The proxy actor's component: the LLMProxy over the engine actors, pushing the trainer
+    actor's weights into them (`sync_type`: broadcast or object_store)."""
+    sync = ObjectStoreSync(trainer) if sync_type == "object_store" else \
+        BroadcastSync(trainer, cfg.weight_sync.bucket_mb, cfg.trainer.device, cfg.engine.device)
+    engines = [RemoteEngine(h, i) for i, h in enumerate(engine_handles)]
+    # the watchdog times requests (request_timeout_s); its counts reach the driver's (`report`)
+    return LLMProxy(engines, cfg.proxy, version=version, watchdog=Watchdog(cfg.watchdog), weight_sync=sync)
+
+
+# what the driver runs in the proxy actor (`Host.apply`), beside the Proxy contract
+def start_proxy(proxy: LLMProxy) -> None:
+    proxy.watchdog.start()
+
+
+def report(proxy: LLMProxy) -> dict:
+    return {"stats": {**proxy.stats, "version": proxy.version}, "watchdog": dict(proxy.watchdog.stats),
+            "oldest": proxy.watchdog.oldest()}
+
+
+async def close_proxy(proxy: LLMProxy) -> None:
+    await proxy.close()
+    await proxy.watchdog.close()
+
+
 @forwards(Proxy)
 class RemoteProxy:
-    """The proxy actor as an EnvManager sees it. `version` is the served version as of the last
-    answer, or as the env worker set it at a weight update."""
+    """The proxy actor as an EnvManager (or the controller) sees it. `version` is the served
+    version as of the last answer, or as the env worker set it at a weight update."""
 
     def __init__(self, handle, version: int = 0):
         self.handle = handle

@@ -36,7 +36,8 @@ from roll_agent.rollout.accounting import PROXY_FAULTS, RolloutStats
 from roll_agent.rollout.chat import ChatFormatter
 from roll_agent.rollout.env_manager import EnvManager
 from roll_agent.runtime.forward import AsyncHost, Host, forwards
-from roll_agent.runtime.ray_hosts import BufferHost, EnvWorker, RayProxy, RemoteProxy
+from roll_agent.runtime import ray_hosts
+from roll_agent.runtime.ray_hosts import BufferHost, EnvWorker, RemoteProxy, call
 from roll_agent.runtime.ray_supervisor import WorkerSupervisor
 from roll_agent.watchdog import Watchdog
 
@@ -148,17 +149,18 @@ class RayRuntime:
     def make_trainer(self) -> "RemoteTrainer":
         rc = self.rc
         actor = ray.remote(Host).options(name="trainer", **self._at(0, rc.cpus_per_trainer, rc.gpus_per_trainer))
-        self.trainer_handle = actor.remote(Trainer, build_trainer, self.cfg, self.model_path)
-        self.actors.append(self.trainer_handle)
-        return RemoteTrainer(self.trainer_handle)
+        handle = actor.remote(Trainer, build_trainer, self.cfg, self.model_path)
+        self.actors.append(handle)
+        return RemoteTrainer(handle)
 
-    def make_rollout(self, formatter: ChatFormatter, version: int) -> "RayRollout":
-        cfg, rc = self.cfg, self.rc
+    def make_rollout(self, formatter: ChatFormatter, trainer: "RemoteTrainer") -> "RayRollout":
+        """The rollout actors; the proxy actor pushes the trainer actor's weights into the engine actors."""
+        cfg, rc, version = self.cfg, self.rc, trainer.version
         engines = [ray.remote(AsyncHost).options(name=f"engine-{i}", **self._at(
                        1 + i, rc.cpus_per_engine, rc.gpus_per_engine, max_restarts=rc.max_restarts))
                    .remote(Engine, build_engine, cfg, self.model_path, cfg.seed + i) for i in range(cfg.engine.num_engines)]
         proxy = ray.remote(AsyncHost).options(name="proxy", **self._at(1, max_concurrency=10_000)).remote(
-            Proxy, RayProxy, cfg, engines, self.trainer_handle, self.sync_type, version)
+            Proxy, ray_hosts.build_proxy, cfg, engines, trainer.handle, self.sync_type, version)
         buffer = ray.remote(BufferHost).options(name="buffer", **self._at(0, max_concurrency=10_000)).remote(
             cfg.rollout, version)
         first = 1 + cfg.engine.num_engines
@@ -168,9 +170,6 @@ class RayRuntime:
                    .remote(cfg, w, self.num_workers, self.model_path, proxy, buffer) for w in range(self.num_workers)]
         self.actors += [*workers, proxy, buffer, *engines]
         return RayRollout(cfg, formatter, proxy, buffer, workers, version)
-
-    def make_weight_sync(self, trainer) -> "RaySync":
-        return RaySync()
 
 
 def _threads(n: int) -> None:
@@ -203,6 +202,16 @@ def _bundle(cpus: float, gpus: float) -> dict:
 
 
 # ---- façades the controller drives -----------------------------------------------------
+class StoredBatch(list):
+    """A batch's groups, read in the driver (the controller's metrics), and the reference to
+    the buffer actor's answer, which is what goes to the trainer actor (it reads the object
+    store itself: the batch is not serialized again by the driver)."""
+
+    def __init__(self, groups: list, ref):
+        super().__init__(groups)
+        self.ref = ref
+
+
 @forwards(Trainer)
 class RemoteTrainer:
     """The trainer actor as the controller calls it (blocking, as the Trainer contract is)."""
@@ -212,14 +221,8 @@ class RemoteTrainer:
         self.__dict__.update(ray.get(handle.state.remote()))
 
     def _forward(self, name: str, args: tuple, kwargs: dict):
+        args = tuple(a.ref if isinstance(a, StoredBatch) else a for a in args)
         return ray.get(self.handle.invoke.remote(name, args, kwargs))
-
-
-class RaySync:
-    """Weight sync runs in the proxy actor (which owns the engines); this asks it for one."""
-
-    async def push(self, proxy, version: int) -> dict:
-        return await proxy.apply.remote(RayProxy.sync_weights, version)
 
 
 class ClusterWatchdog(Watchdog):
@@ -253,14 +256,15 @@ class RayRollout:
         self.scheduler = WorkerSupervisor(workers, buffer, version, cfg.runtime.ray.max_restarts)
         self.watchdog = ClusterWatchdog(cfg.watchdog)
         self.executor = ThreadPoolExecutor(cfg.rollout.env_threads, thread_name_prefix="eval-env")
-        self._driver_proxy = RemoteProxy(proxy, version)
+        self.proxy = RemoteProxy(proxy, version)  # the controller's updates, the evaluation envs' requests
 
     def env_manager(self, env_id: str, spec: EnvSpec) -> EnvManager:
         """Evaluation envs run here in the driver; their requests go to the proxy actor."""
-        return EnvManager(env_id, spec, self.formatter, self._driver_proxy, self.cfg.rollout, self.executor,
+        return EnvManager(env_id, spec, self.formatter, self.proxy, self.cfg.rollout, self.executor,
                           self.watchdog)
 
     def start(self) -> None:
+        self.proxy_handle.apply.remote(ray_hosts.start_proxy)
         self.scheduler.start()
         self.watchdog.start()
 
@@ -268,8 +272,11 @@ class RayRollout:
         await self.scheduler.stop()
         await self.refresh()  # the controller's last accounting row reads it
 
-    async def get_batch(self, version: int) -> list:
-        return await self.buffer_handle.get_batch.remote(version)
+    async def get_batch(self, version: int) -> StoredBatch:
+        """The batch, and its object in the store for the trainer actor. A wait the controller
+        cancels (a stalled batch) cancels the buffer actor's too, which then takes nothing."""
+        ref = self.buffer_handle.get_batch.remote(version)
+        return StoredBatch(await call(ref), ref)
 
     def num_ready(self) -> int:
         return self.buffer_snapshot["waiting"]
@@ -290,18 +297,15 @@ class RayRollout:
         ray.get(self.buffer_handle.load_state_dict.remote(state["buffer"]))
         self.scheduler.load_state_dict(state["scheduler"])
 
-    async def update_weights(self, version: int, push) -> dict:
-        report = await push(self.proxy_handle, version)
-        self._driver_proxy.version = version
+    async def on_version(self, version: int) -> None:
         await self.buffer_handle.set_version.remote(version)
         await self.scheduler.on_version(version)
         await self.refresh()
-        return report
 
     async def refresh(self) -> None:
         """Pull the counters the controller reads synchronously (once per step)."""
         report, self.buffer_snapshot, _ = await asyncio.gather(
-            self.proxy_handle.apply.remote(RayProxy.report), self.buffer_handle.snapshot.remote(),
+            self.proxy_handle.apply.remote(ray_hosts.report), self.buffer_handle.snapshot.remote(),
             self.scheduler.refresh())
         self.proxy_stats = report["stats"]
         snaps = self.scheduler.snapshots
@@ -311,7 +315,7 @@ class RayRollout:
     async def close(self) -> None:
         await self.stop()
         try:
-            await self.proxy_handle.apply.remote(RayProxy.close)
+            await self.proxy_handle.apply.remote(ray_hosts.close_proxy)
         except RayActorError:
             pass
         await self.watchdog.close()

@@ -17,12 +17,6 @@ def _request(i: int, env: str = "") -> GenerateRequest:
     return GenerateRequest([5, 6, 7, i], SamplingParams(max_new_tokens=40, stop_token_ids=(STOP,)), env_id=env or f"env{i}")
 
 
-async def _push(engines, version):
-    for e in engines:
-        await e.load_weights([], version)
-    return {"bytes": 0}
-
-
 @pytest.mark.parametrize("mode", ["abort", "drain"])
 def test_suspend_mid_generation_loses_and_duplicates_nothing(mode):
     cfg = ScriptedEngineConfig(response_tokens=12, token_latency_s=0.004)
@@ -36,7 +30,7 @@ def test_suspend_mid_generation_loses_and_duplicates_nothing(mode):
         await asyncio.sleep(0.015)
         await proxy.suspend()
         assert proxy.num_inflight == 0
-        await proxy.update_weights(_push, 1)
+        await proxy.push_weights(1)
         await proxy.resume()
         return expected, await asyncio.gather(*calls)
 
@@ -58,13 +52,45 @@ def test_suspend_mid_generation_loses_and_duplicates_nothing(mode):
         assert all(set(r.versions) == {0} for r in results)
 
 
-def test_update_weights_requires_suspend():
+def test_push_weights_requires_suspend_and_one_update_waits_for_another():
     async def go():
         proxy = LLMProxy([ScriptedEngine()])
         with pytest.raises(RuntimeError, match="suspend"):
-            await proxy.update_weights(_push, 1)
+            await proxy.push_weights(1)
+        await proxy.suspend()
+        second = asyncio.create_task(proxy.suspend())  # e.g. a restarted engine's push: waits its turn
+        await asyncio.sleep(0.01)
+        assert not second.done()
+        await proxy.push_weights(1)
+        await proxy.resume()
+        await asyncio.wait_for(second, 1)
+        await proxy.push_weights(2)
+        await proxy.resume()
+        return proxy
 
-    run(go())
+    proxy = run(go())
+    assert proxy.version == proxy.engines[0].version == 2
+
+
+def test_an_engine_that_died_idle_fails_the_push_and_is_restarted_with_the_new_weights():
+    engines = [ScriptedEngine(seed=0), ScriptedEngine(ScriptedEngineConfig(restart_s=0.01), seed=1)]
+    proxy = LLMProxy(engines)
+
+    async def go():
+        engines[1].alive = False  # it died between requests: the proxy learns of it at the push
+        await proxy.suspend()
+        report = await proxy.push_weights(3)
+        await proxy.resume()
+        while proxy._restarts:
+            await asyncio.sleep(0.005)
+        return report, await proxy.generate(_request(0, env="after"))
+
+    report, result = run(go())
+    assert proxy.version == engines[0].version == engines[1].version == 3
+    assert engines[1].restarts == 1
+    assert {k: proxy.stats[k] for k in ("sync_retries", "engine_crashes", "engine_restarts")} == \
+        {"sync_retries": 1, "engine_crashes": 1, "engine_restarts": 1}
+    assert report["seconds"] >= 0 and len(result.token_ids) > 0
 
 
 def test_routing_is_least_loaded_then_sticky():

@@ -23,6 +23,7 @@ from roll_agent.config import EngineConfig, ModelConfig  # noqa: E402
 from roll_agent.proxy.engines import make_engines  # noqa: E402
 from roll_agent.proxy.engines.vllm import VLLMEngine  # noqa: E402
 from roll_agent.proxy.llm_proxy import LLMProxy  # noqa: E402
+from roll_agent.sync.inprocess import InProcessSync  # noqa: E402
 from roll_agent.types import GenerateRequest, SamplingParams  # noqa: E402
 from tests.conftest import run  # noqa: E402
 
@@ -210,19 +211,14 @@ def test_load_weights_rejects_unknown_names_and_keeps_serving(engine, original):
 
 def test_proxy_suspend_update_resume_switches_weights_mid_request(engine, original, perturbed):
     _load(engine, original, 0)
-    proxy = LLMProxy([engine])
+    proxy = LLMProxy([engine], weight_sync=InProcessSync(perturbed.named_parameters))
     prompt = [5, 6, 7, 8]
-
-    async def push(engines, version):
-        for e in engines:
-            await e.load_weights(perturbed.named_parameters(), version)
-        return {"bytes": 0}
 
     async def go():
         call = asyncio.create_task(proxy.generate(GenerateRequest(prompt, SamplingParams(max_new_tokens=1500))))
         await _until_generating(engine, 10)  # the switch lands mid-request
         await proxy.suspend()
-        await proxy.update_weights(push, 1)
+        await proxy.push_weights(1)
         await proxy.resume()
         return await call
 

@@ -17,7 +17,7 @@ from roll_agent.config import (  # noqa: E402
     AlgorithmConfig, DeepSpeedConfig, EngineConfig, LoraConfig, ModelConfig, TrainerConfig)
 from roll_agent.proxy.engines import make_engines  # noqa: E402
 from roll_agent.train.trainer import TorchTrainer, make_trainer  # noqa: E402
-from roll_agent.train.weight_sync import InProcessSync  # noqa: E402
+from roll_agent.sync.inprocess import InProcessSync  # noqa: E402
 from roll_agent.types import SamplingParams  # noqa: E402
 from tests.conftest import run, tiny_batch  # noqa: E402
 

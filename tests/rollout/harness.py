@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 
 from roll_agent.config import EnvSpec, ProxyConfig, RolloutConfig, ScriptedEngineConfig
+from roll_agent.controller import update_weights
 from roll_agent.proxy.engines.scripted import ScriptedEngine
 from roll_agent.rollout.stack import RolloutStack, build_rollout
 
@@ -27,5 +28,5 @@ async def train_loop(stack: RolloutStack, steps: int, train_s: float = 0.0) -> l
         consumed.append((v, batch))
         if train_s:
             await asyncio.sleep(train_s)
-        await stack.update_weights(v + 1)
+        await update_weights(stack, v + 1)
     return consumed

@@ -9,7 +9,7 @@ import pytest
 
 from roll_agent.config import (CheckpointConfig, EvalConfig, ProxyConfig, RolloutConfig, ScriptedEngineConfig,
                                WatchdogConfig)
-from roll_agent.controller import AsyncController, Components
+from roll_agent.controller import AsyncController, Components, update_weights
 from roll_agent.proxy.engines.scripted import ScriptedEngine
 from roll_agent.proxy.llm_proxy import EngineFailure, LLMProxy
 from roll_agent.rollout.stack import build_rollout
@@ -48,7 +48,7 @@ def test_faults_everywhere_batches_fill_and_every_episode_is_accounted(formatter
                 checks.append(stack.stats().accounting())
                 assert len(batch) == rollout.groups_per_batch
                 assert all(t.status in (Status.FINISHED, Status.TRUNCATED) for g in batch for t in g.trajectories)
-                await stack.update_weights(v + 1)
+                await update_weights(stack, v + 1)
             while stack.proxy._restarts:  # a crash late in the run: its restart pushes the current weights
                 await asyncio.sleep(0.005)
             restarted_version.append(stack.proxy.engines[1].version)  # no await since: no restart pending
@@ -92,7 +92,7 @@ def test_crashed_engine_is_restarted_and_requests_survive():
 
     async def go():
         await proxy.suspend()
-        await proxy.update_weights(lambda engines, v: _load(engines, v), 5)
+        await proxy.push_weights(5)
         await proxy.resume()
         return [await proxy.generate(GenerateRequest([i, 7], SamplingParams(max_new_tokens=3))) for i in range(10)]
 
@@ -100,12 +100,6 @@ def test_crashed_engine_is_restarted_and_requests_survive():
     assert all(len(r.token_ids) == 3 for r in results)
     assert engine.restarts == proxy.stats["engine_restarts"] >= 3
     assert engine.version == 5
-
-
-async def _load(engines, version):
-    for e in engines:
-        await e.load_weights([], version)
-    return {"bytes": 0}
 
 
 def test_requests_fail_clearly_when_every_try_fails():
@@ -120,7 +114,7 @@ def test_batch_wait_past_threshold_cancels_and_then_stops_the_run(formatter):
                             max_turns=2, step_timeout_s=600)
     stack = faulty_stack(formatter, rollout, [ScriptedEngineConfig()], env={"latency": "fixed", "mean_s": 3600})
     stack.watchdog.cfg = WatchdogConfig(batch_timeout_s=0.2, max_batch_stalls=2)
-    parts = Components(stack, trainer=None, weight_sync=None, eval_managers=[], tokenizer=None)
+    parts = Components(stack, trainer=None, eval_managers=[], tokenizer=None)
     controller = AsyncController(parts, None, None, 1, CheckpointConfig(), EvalConfig())
 
     async def go():

@@ -13,7 +13,7 @@ ray = pytest.importorskip("ray")
 from roll_agent.config import ConfigError, load_config  # noqa: E402
 from roll_agent.metrics import read_rows  # noqa: E402
 from roll_agent.run import train  # noqa: E402
-from roll_agent.runtime.ray_hosts import RayProxy  # noqa: E402
+from roll_agent.runtime import ray_hosts  # noqa: E402
 from tests.conftest import run  # noqa: E402
 from tests.test_run import SMALL  # noqa: E402
 
@@ -156,7 +156,7 @@ async def _kill_engine_after_first_step(out, training) -> tuple[dict, int]:
             training.result()
             raise AssertionError("the run ended before the proxy saw the engine restarted")
         try:
-            stats = (await proxy.apply.remote(RayProxy.report))["stats"]
+            stats = (await proxy.apply.remote(ray_hosts.report))["stats"]
         except Exception:  # the proxy actor is gone: the run is ending (the check above says how)
             await asyncio.sleep(1.0)
             if not training.done():

@@ -14,7 +14,7 @@ from roll_agent.config import (  # noqa: E402
 from roll_agent.proxy.engines.hf import HFEngine  # noqa: E402
 from roll_agent.train.deepspeed_trainer import DeepSpeedTrainer  # noqa: E402
 from roll_agent.train.trainer import TorchTrainer, make_trainer  # noqa: E402
-from roll_agent.train.weight_sync import InProcessSync  # noqa: E402
+from roll_agent.sync.inprocess import InProcessSync  # noqa: E402
 from roll_agent.types import SamplingParams  # noqa: E402
 from tests.conftest import run, tiny_batch  # noqa: E402
 

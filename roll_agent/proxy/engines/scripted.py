@@ -153,6 +153,8 @@ class ScriptedEngine:
             event.set()
 
     async def load_weights(self, named_tensors: Iterable, version: int) -> None:
+        if not self.alive:
+            raise EngineError("engine is down (crashed); restart() it")
         for _ in named_tensors:
             pass
         self.weights_loaded += 1

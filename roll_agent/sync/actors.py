@@ -1,9 +1,15 @@
-"""Weights from the trainer actor to the engine actors (the proxy actor runs the push).
+"""Weights from the trainer actor to the engine actors, pushed by the LLMProxy that owns the
+engines (in the proxy actor, roll_agent/runtime/ray_hosts.py).
 
-`BroadcastSync`: a bucketed `torch.distributed` broadcast, the trainer rank 0, the engines
-ranks 1..E (gloo on CPU, NCCL on GPU); the group is formed once, and again after an engine
-actor was restarted. `ObjectStoreSync` (LoRA adapters, small): the trainer returns them
-once, every engine reads that one object. The functions below run inside the actors
+`BroadcastSync`: a bucketed `torch.distributed` broadcast (buckets.py), the trainer rank 0,
+the engines ranks 1..E (gloo on CPU, NCCL on GPU). The group is formed for the engines a
+push is given and kept while they stay the same actors: a push to other engines, or to an
+engine restarted since (a new pid), forms it again. `ObjectStoreSync` (LoRA adapters,
+small): the trainer returns them once, every engine reads that one object.
+
+Both first confirm each engine is the actor process it was (`RemoteEngine.confirm`); an
+engine that died or was restarted fails the push marked not alive, which the proxy takes
+out of routing, restarts and syncs on its own. The functions below run inside the actors
 (`Host.apply`, roll_agent/runtime/forward.py), on the component each actor holds.
 """
 
@@ -18,16 +24,21 @@ import ray
 import torch
 import torch.distributed as dist
 
-from roll_agent.train.broadcast import Spec, broadcast_receive, broadcast_send, spec_of
+from roll_agent.protocols import SyncReport
+from roll_agent.sync.buckets import Spec, broadcast_receive, broadcast_send, spec_of
 
 GROUP_TIMEOUT = datetime.timedelta(minutes=5)  # a rank that never arrives fails the sync instead of hanging it
 
 
 def join_group(_component, init_method: str, world_size: int, rank: int, backend: str) -> None:
-    if dist.is_initialized():  # a group formed again (an engine was restarted): leave the old one first
-        dist.destroy_process_group()
+    leave_group()  # a group formed again: leave the old one first
     dist.init_process_group(backend, init_method=init_method, world_size=world_size, rank=rank,
                             timeout=GROUP_TIMEOUT)
+
+
+def leave_group() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()
 
 
 # ---- in the trainer actor -----------------------------------------------------------------
@@ -74,13 +85,17 @@ async def load_weights(engine, named: list, version: int) -> int:
     return sum(t.numel() * t.element_size() for _, t in named)
 
 
-async def close_engine(engine) -> None:
-    await engine.close()
-    if dist.is_initialized():
-        dist.destroy_process_group()
+# ---- the pushes (in the proxy actor) ----------------------------------------------------------
+async def _each(calls) -> list:
+    """Await every call; then raise the first failure (all have ended, so every engine that
+    failed is already marked not alive)."""
+    results = await asyncio.gather(*calls, return_exceptions=True)
+    for result in results:
+        if isinstance(result, BaseException):
+            raise result
+    return results
 
 
-# ---- the pushes -------------------------------------------------------------------------------
 class BroadcastSync:
     def __init__(self, trainer, bucket_mb: float, trainer_device: str = "cpu", engine_device: str = "cpu"):
         self.trainer = trainer  # the trainer actor (a Host)
@@ -88,41 +103,46 @@ class BroadcastSync:
         self.devices = trainer_device, engine_device
         self.backend = "nccl" if engine_device.startswith("cuda") else "gloo"
         self.spec = None
-        self.formed = False
+        self.members: tuple | None = None  # (index, pid) of the engines in the group formed last
 
     async def _form(self, engines: list) -> None:
         if self.spec is None:
             self.spec = await self.trainer.apply.remote(weight_spec)
         init = await self.trainer.apply.remote(rendezvous)
         world = len(engines) + 1
-        await asyncio.gather(self.trainer.apply.remote(join_group, init, world, 0, self.backend),
-                             *(e.handle.apply.remote(engine_join_group, init, world, e.index + 1, self.backend)
-                               for e in engines))
-        self.formed = True
+        await _each([self.trainer.apply.remote(join_group, init, world, 0, self.backend),
+                     *(e.apply(engine_join_group, init, world, rank, self.backend)
+                       for rank, e in enumerate(engines, start=1))])
 
-    async def push(self, engines: list, version: int) -> dict:
-        """`engines`: the RemoteEngines (roll_agent/runtime/ray_hosts.py) to load `version` into."""
+    async def push(self, engines: list, version: int) -> SyncReport:
+        """`engines`: RemoteEngines (roll_agent/runtime/ray_hosts.py) to load `version` into."""
         start = time.perf_counter()
-        if not self.formed:
-            await self._form(engines)
+        await _each([e.confirm() for e in engines])
+        members = tuple((e.index, e.pid) for e in engines)
         trainer_device, engine_device = self.devices
         try:
-            sent, *_ = await asyncio.gather(
+            if members != self.members:
+                self.members = None
+                await self._form(engines)
+                self.members = members
+            sent, *_ = await _each([
                 self.trainer.apply.remote(send_weights, self.bucket_mb, trainer_device),
-                *(e.handle.apply.remote(receive, self.spec, self.bucket_mb, version, engine_device) for e in engines))
+                *(e.apply(receive, self.spec, self.bucket_mb, version, engine_device) for e in engines)])
         except Exception:
-            self.formed = False  # a rank failed mid-broadcast: the next sync forms the group anew
+            self.members = None  # a rank failed mid-broadcast: the next push forms the group anew
             raise
+        for engine in engines:
+            engine.version = version  # what the actor's engine serves now (RemoteEngine checks its answers by it)
         return {"bytes": sent["bytes"] * len(engines), "seconds": time.perf_counter() - start}
 
 
 class ObjectStoreSync:
     def __init__(self, trainer):
         self.trainer = trainer
-        self.formed = True
 
-    async def push(self, engines: list, version: int) -> dict:
+    async def push(self, engines: list, version: int) -> SyncReport:
         start = time.perf_counter()
+        await _each([e.confirm() for e in engines])
         ref = self.trainer.apply.remote(cpu_weights)
-        moved = await asyncio.gather(*(e.load_weights(ref, version) for e in engines))
+        moved = await _each([e.load_weights(ref, version) for e in engines])
         return {"bytes": sum(moved), "seconds": time.perf_counter() - start}

@@ -7,7 +7,7 @@ from transformers import AutoModelForCausalLM
 from roll_agent.config import AlgorithmConfig, EngineConfig, LoraConfig, ModelConfig, TrainerConfig
 from roll_agent.proxy.engines.hf import HFEngine
 from roll_agent.train.trainer import TorchTrainer
-from roll_agent.train.weight_sync import InProcessSync
+from roll_agent.sync.inprocess import InProcessSync
 from roll_agent.types import SamplingParams
 from tests.conftest import run, tiny_batch
 

@@ -10,7 +10,7 @@ from roll_agent.protocols import Engine, Trainer  # noqa: E402
 from roll_agent.runtime.forward import AsyncHost, Host  # noqa: E402
 from roll_agent.runtime.ray_hosts import RemoteEngine  # noqa: E402
 from roll_agent.runtime.ray_runtime import build_engine, build_trainer  # noqa: E402
-from roll_agent.runtime.ray_weight_sync import BroadcastSync, ObjectStoreSync  # noqa: E402
+from roll_agent.sync.actors import BroadcastSync, ObjectStoreSync  # noqa: E402
 from tests.conftest import ray_cluster, run  # noqa: E402
 
 
@@ -38,7 +38,7 @@ async def _sync_twice(cfg, model_dir: str, make_sync) -> list[tuple[float, list[
     trainer = ray.remote(Host).options(num_cpus=0).remote(Trainer, build_trainer, cfg, model_dir)
     engines = [ray.remote(AsyncHost).options(num_cpus=0).remote(Engine, build_engine, cfg, model_dir, i)
                for i in range(2)]
-    remote = [RemoteEngine(h, i, on_lost=None) for i, h in enumerate(engines)]
+    remote = [RemoteEngine(h, i) for i, h in enumerate(engines)]
     sync = make_sync(trainer)
     sums = []
     try:

@@ -7,7 +7,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 import pytest
 
-from roll_agent.train.broadcast import broadcast_receive_into, broadcast_send, bucket_device, layout, spec_of
+from roll_agent.sync.buckets import broadcast_receive_into, broadcast_send, bucket_device, layout, spec_of
 
 
 def _free_port() -> int:
