@@ -51,7 +51,8 @@ CHALLENGES: dict[str, dict[str, Any]] = {
 # game's load parses its rules), jericho's frotz (a ctypes library, run without the GIL) and
 # ALFWorld's libdownward. Envs stepped from parallel threads (the env managers' pool) raced
 # there: parser errors, and a segfault that ended a whole test run. Every engine call of
-# these envs (generate, load, reset, step, close) holds this lock. Load, reset, step and close
+# these envs (generate, load, reset, step, close) holds this lock; uncontended in roll_agent's
+# env worker processes, which serve one call at a time. Load, reset, step and close
 # take milliseconds; an in-process generation (only under PYTHONHASHSEED=0, see `_generate`)
 # holds it for its 1-3 s (pre-generate: `python -m envs.textworld_env generate ...`).
 ENGINE_LOCK = threading.RLock()
@@ -122,7 +123,9 @@ class CommandGameEnv(gymnasium.Env):
     admissible, won, lost, score) and `_expert()`; this class does the rest of the contract.
     """
 
-    metadata = {"render_modes": ["ansi"]}
+    # The engines keep process-global state (see ENGINE_LOCK): roll_agent runs these envs in
+    # worker processes (roll_agent/rollout/env_workers.py) unless a spec sets workers: 0.
+    metadata = {"render_modes": ["ansi"], "thread_safe": False}
 
     def __init__(self, max_steps: int | None, invalid_action_penalty: float, show_admissible: bool,
                  render_mode: str | None):

@@ -20,6 +20,7 @@ each missing key is reported as a warning, `ContractWarning`):
 from __future__ import annotations
 
 import argparse
+import asyncio
 import numbers
 import sys
 import warnings
@@ -31,6 +32,8 @@ import numpy as np
 from gymnasium.utils.env_checker import check_env, data_equivalence
 
 from envs import parse_kwargs
+from roll_agent.config import EnvSpec
+from roll_agent.rollout.env_workers import EnvWorkers
 
 SEED = 123
 EPISODE_STEPS = 8
@@ -81,6 +84,8 @@ def iter_checks(env_id: str, **kwargs: Any) -> Iterator[str]:
         for name, check in CHECKS:
             _run(name, lambda: check(env))
             yield name
+        _run("in a worker process", lambda: check_worker_process(env, env_id, kwargs))
+        yield "in a worker process"
         closed = True
         _run("close twice", lambda: (env.close(), env.close()))
         yield "close twice"
@@ -184,6 +189,28 @@ def check_determinism(env: gymnasium.Env) -> None:
     assert data_equivalence(first, second), "the same seed and actions gave different steps"
 
 
+def check_worker_process(env: gymnasium.Env, env_id: str, kwargs: dict[str, Any]) -> None:
+    """The seeded episode played in an env worker process (where roll_agent runs an env that
+    declares metadata["thread_safe"] = False, or any env whose spec sets `workers`) equals the
+    same episode here."""
+    actions: list[str] = []
+    here = [env.reset(seed=SEED), *_episode(env, actions)]
+    spec = EnvSpec(id=env_id, kwargs=dict(kwargs), workers=1)
+
+    async def play() -> list:
+        workers = EnvWorkers()
+        try:
+            remote = await workers.pool(spec).make(spec)
+            return [await remote.areset(seed=SEED), *[await remote.astep(a) for a in actions]]
+        finally:
+            workers.close()
+
+    there = asyncio.run(play())
+    assert data_equivalence(here, there), (
+        "the seeded episode differs when the env runs in a worker process: does it depend on "
+        "state set up in this process only, or return values that do not pickle the same?")
+
+
 CHECKS: list[tuple[str, Callable[[gymnasium.Env], None]]] = [
     ("spaces", check_spaces),
     ("gymnasium env_checker", check_gymnasium),
@@ -236,13 +263,16 @@ def _probe_action(env: gymnasium.Env, info: dict) -> str:
     return env.action_space.sample()
 
 
-def _episode(env: gymnasium.Env) -> list[Step]:
-    """Up to EPISODE_STEPS steps from the seeded reset, cycling through valid actions."""
+def _episode(env: gymnasium.Env, actions: list[str] | None = None) -> list[Step]:
+    """Up to EPISODE_STEPS steps from the seeded reset, cycling through valid actions
+    (appended to `actions` when given)."""
     _, info = env.reset(seed=SEED)
     steps = []
     for i in range(EPISODE_STEPS):
         admissible = info.get("admissible_actions")
         action = admissible[i % len(admissible)] if admissible else _probe_action(env, info)
+        if actions is not None:
+            actions.append(action)
         steps.append(_checked_step(env, action))
         info = steps[-1][4]
         if steps[-1][2] or steps[-1][3]:

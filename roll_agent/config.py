@@ -11,7 +11,7 @@ import dataclasses
 import difflib
 import typing
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Optional
 
 import yaml
 from omegaconf import OmegaConf
@@ -210,6 +210,13 @@ class EnvSpec:
     tag: str = ""  # metrics tag; defaults to the id's name
     num_groups: int = 0  # share of rollout.num_env_groups; 0 = split the rest evenly
     kwargs: dict[str, Any] = field(default_factory=dict)
+    # env worker processes (roll_agent/rollout/env_workers.py): 0 = the env thread pool in this
+    # process; None = the CPU count for an env that declares metadata["thread_safe"] = False, else 0
+    workers: Optional[int] = None
+
+    def __post_init__(self) -> None:
+        if self.workers is not None and self.workers < 0:
+            raise ConfigError(f"envs[].workers must be >= 0 (0: no worker processes), got {self.workers}")
 
     @property
     def name(self) -> str:

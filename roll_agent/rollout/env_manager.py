@@ -2,9 +2,11 @@
 
 Prompt through the tokenizer's chat template, ask the proxy, step the env with the
 decoded response, append the observation's tokens, repeat to `max_turns`. Blocking
-`reset`/`step` calls run in a thread pool and async envs (`astep`) are awaited, so a
-slow env never stalls the others (environment-level async). An env that raises or
-times out ends only its episode, with status `env_error`; the env is then rebuilt.
+`reset`/`step` calls run in a thread pool, async envs (`areset`/`astep`) are awaited, and
+envs that are not thread-safe live in worker processes (roll_agent/rollout/env_workers.py,
+async envs to this class), so a slow env never stalls the others (environment-level async).
+An env that raises or times out ends only its episode, with status `env_error`; the env is
+then rebuilt.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from concurrent.futures import Executor
 from roll_agent.config import EnvSpec, RolloutConfig
 from roll_agent.proxy.llm_proxy import GenerationAborted
 from roll_agent.rollout.chat import ChatFormatter
+from roll_agent.rollout.env_workers import EnvWorkers
 from roll_agent.rollout.envs import make_env
 from roll_agent.types import GenerateRequest, SamplingParams, Status, Trajectory
 from roll_agent.watchdog import Watchdog
@@ -30,7 +33,8 @@ class EnvStepError(RuntimeError):
 
 class EnvManager:
     def __init__(self, env_id: str, spec: EnvSpec, formatter: ChatFormatter, proxy, cfg: RolloutConfig,
-                 executor: Executor | None = None, watchdog: Watchdog | None = None):
+                 executor: Executor | None = None, watchdog: Watchdog | None = None,
+                 workers: EnvWorkers | None = None):
         self.env_id = env_id
         self.spec = spec
         self.tag = spec.name
@@ -38,6 +42,7 @@ class EnvManager:
         self.proxy = proxy
         self.cfg = cfg
         self.executor = executor
+        self.workers = workers  # where envs that ask for worker processes live (None: none do)
         self.watchdog = watchdog or Watchdog()  # bounds each stage: step_timeout_s, episode_timeout_s
         self.env = None
         self.info: dict = {}  # the env's last reset/step info (the warm-start's expert reads it)
@@ -60,19 +65,30 @@ class EnvManager:
         except Exception as exc:
             raise EnvStepError(f"{type(exc).__name__}: {exc}") from exc
 
+    async def _await(self, stage: str, call, *args, timeout: float, **kwargs):
+        """An async env call, bounded like a thread call; its failure is the env's."""
+        try:
+            async with self._stage(stage, timeout):
+                return await call(*args, **kwargs)
+        except asyncio.TimeoutError as exc:
+            raise EnvStepError(str(exc)) from exc
+        except (asyncio.CancelledError, GenerationAborted):
+            raise
+        except Exception as exc:
+            raise EnvStepError(f"{type(exc).__name__}: {exc}") from exc
+
+    async def _make_env(self):
+        timeout = max(self.cfg.step_timeout_s, 300.0)  # a first load may take a while (ALFWorld: seconds)
+        pool = self.workers.pool(self.spec) if self.workers is not None else None
+        if pool is not None:
+            return await self._await("make", pool.make, self.spec, timeout=timeout)
+        return await self._call(make_env, self.spec, timeout=timeout)
+
     async def _step(self, action: str):
         astep = getattr(self.env.unwrapped, "astep", None)
         if astep is None:
             return await self._call(self.env.step, action, timeout=self.cfg.step_timeout_s)
-        try:
-            async with self._stage("astep", self.cfg.step_timeout_s):
-                return await astep(action)
-        except asyncio.TimeoutError as exc:
-            raise EnvStepError(str(exc)) from exc
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:
-            raise EnvStepError(f"{type(exc).__name__}: {exc}") from exc
+        return await self._await("astep", astep, action, timeout=self.cfg.step_timeout_s)
 
     async def run_episode(self, seed: int, group_id: int = -1, greedy: bool = False) -> Trajectory:
         traj = Trajectory(group_id=group_id, env_id=self.env_id, env_tag=self.tag, seed=seed,
@@ -109,11 +125,10 @@ class EnvManager:
         if self._thread_call is not None and not self._thread_call.done():
             await self._discard_env()  # a cancelled episode left this env mid-call in its thread
         if self.env is None:
-            self.env = await self._call(make_env, self.spec, timeout=max(cfg.step_timeout_s, 300.0))
+            self.env = await self._make_env()
         areset = getattr(self.env.unwrapped, "areset", None)
         if areset is not None:  # an async env resets on the loop: no thread hop per episode
-            async with self._stage("areset", cfg.step_timeout_s):
-                obs, info = await areset(seed=seed)
+            obs, info = await self._await("areset", areset, seed=seed, timeout=cfg.step_timeout_s)
         else:
             obs, info = await self._call(self.env.reset, seed=seed, timeout=cfg.step_timeout_s)
         self.info = info

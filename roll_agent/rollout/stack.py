@@ -1,5 +1,6 @@
 """The rollout half of the system, assembled: LLMProxy, one EnvManager per env in
-groups, the GroupScheduler and the SampleBuffer, plus the thread pool for blocking envs.
+groups, the GroupScheduler and the SampleBuffer, plus the thread pool for blocking envs and
+the worker processes for envs that are not thread-safe.
 The training run, the tests and the benchmarks all build it here."""
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from roll_agent.rollout.accounting import RolloutStats
 from roll_agent.rollout.buffer import SampleBuffer
 from roll_agent.rollout.chat import ChatFormatter
 from roll_agent.rollout.env_manager import EnvManager
+from roll_agent.rollout.env_workers import EnvWorkers
 from roll_agent.rollout.groups import GroupScheduler
 from roll_agent.types import Group
 from roll_agent.watchdog import Watchdog
@@ -24,12 +26,14 @@ class RolloutStack:
     buffer: SampleBuffer
     scheduler: GroupScheduler
     executor: ThreadPoolExecutor
+    workers: EnvWorkers
     formatter: ChatFormatter
     cfg: RolloutConfig
     watchdog: Watchdog
 
     def env_manager(self, env_id: str, spec: EnvSpec) -> EnvManager:
-        return EnvManager(env_id, spec, self.formatter, self.proxy, self.cfg, self.executor, self.watchdog)
+        return EnvManager(env_id, spec, self.formatter, self.proxy, self.cfg, self.executor, self.watchdog,
+                          self.workers)
 
     def start(self) -> None:
         self.scheduler.start()
@@ -69,6 +73,7 @@ class RolloutStack:
         await self.proxy.close()
         await self.watchdog.close()
         self.executor.shutdown(wait=False, cancel_futures=True)
+        self.workers.close()
 
 
 def build_rollout(formatter: ChatFormatter, cfg: RolloutConfig, specs: list[EnvSpec], engines: list,
@@ -79,9 +84,10 @@ def build_rollout(formatter: ChatFormatter, cfg: RolloutConfig, specs: list[EnvS
     proxy = LLMProxy(engines, proxy_cfg, version=version, watchdog=watchdog, weight_sync=weight_sync)
     buffer = SampleBuffer(cfg, version=version)
     executor = ThreadPoolExecutor(cfg.env_threads, thread_name_prefix="env")
+    workers = EnvWorkers()
 
     def manager(env_id: str, spec: EnvSpec) -> EnvManager:
-        return EnvManager(env_id, spec, formatter, proxy, cfg, executor, watchdog)
+        return EnvManager(env_id, spec, formatter, proxy, cfg, executor, watchdog, workers)
 
     scheduler = GroupScheduler(cfg, specs, buffer, manager, seed=seed)
-    return RolloutStack(proxy, buffer, scheduler, executor, formatter, cfg, watchdog)
+    return RolloutStack(proxy, buffer, scheduler, executor, workers, formatter, cfg, watchdog)

@@ -28,6 +28,7 @@ from roll_agent.protocols import Buffer, Ledger, Proxy
 from roll_agent.proxy.llm_proxy import LLMProxy
 from roll_agent.rollout.buffer import SampleBuffer
 from roll_agent.rollout.env_manager import EnvManager
+from roll_agent.rollout.env_workers import EnvWorkers
 from roll_agent.rollout.groups import GroupScheduler
 from roll_agent.runtime.forward import answer, answer_async, forwards
 from roll_agent.sync import actors as actor_sync
@@ -324,6 +325,7 @@ class EnvWorker:
         self.formatter = ChatFormatter(AutoTokenizer.from_pretrained(model_path))
         self.proxy_handle, self.buffer_handle = proxy, buffer
         self.executor = ThreadPoolExecutor(cfg.rollout.env_threads, thread_name_prefix="env")
+        self.env_workers = EnvWorkers()  # worker processes for envs that are not thread-safe, as locally
         self.scheduler: GroupScheduler | None = None
         self.incarnation = -1
         self._stop = asyncio.Event()
@@ -337,7 +339,8 @@ class EnvWorker:
         self.watchdog = Watchdog(cfg.watchdog)
 
         def manager(env_id, spec):
-            return EnvManager(env_id, spec, self.formatter, proxy, cfg.rollout, self.executor, self.watchdog)
+            return EnvManager(env_id, spec, self.formatter, proxy, cfg.rollout, self.executor, self.watchdog,
+                              self.env_workers)
 
         seed = cfg.seed + 10_007 * self.index + 1_000_003 * incarnation  # a restart plays new tasks
         first = state["next_group_id"] if state else self.index
@@ -353,6 +356,8 @@ class EnvWorker:
         await self.watchdog.close()
         await self.buffer_handle.barrier.remote()  # the cancelled episodes are counted before run() returns
         self.executor.shutdown(wait=False, cancel_futures=True)
+        self.env_workers.close()
+        self.env_workers = EnvWorkers()  # a later run() starts its own
         return self.snapshot()
 
     async def cancel_running(self) -> int:

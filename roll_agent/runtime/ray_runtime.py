@@ -35,6 +35,7 @@ from roll_agent.protocols import Engine, Proxy, Trainer
 from roll_agent.rollout.accounting import PROXY_FAULTS, RolloutStats
 from roll_agent.rollout.chat import ChatFormatter
 from roll_agent.rollout.env_manager import EnvManager
+from roll_agent.rollout.env_workers import EnvWorkers
 from roll_agent.runtime.forward import AsyncHost, Host, forwards
 from roll_agent.runtime import ray_hosts
 from roll_agent.runtime.ray_hosts import BufferHost, EnvWorker, RemoteProxy, call
@@ -256,12 +257,13 @@ class RayRollout:
         self.scheduler = WorkerSupervisor(workers, buffer, version, cfg.runtime.ray.max_restarts)
         self.watchdog = ClusterWatchdog(cfg.watchdog)
         self.executor = ThreadPoolExecutor(cfg.rollout.env_threads, thread_name_prefix="eval-env")
+        self.env_workers = EnvWorkers()
         self.proxy = RemoteProxy(proxy, version)  # the controller's updates, the evaluation envs' requests
 
     def env_manager(self, env_id: str, spec: EnvSpec) -> EnvManager:
         """Evaluation envs run here in the driver; their requests go to the proxy actor."""
         return EnvManager(env_id, spec, self.formatter, self.proxy, self.cfg.rollout, self.executor,
-                          self.watchdog)
+                          self.watchdog, self.env_workers)
 
     def start(self) -> None:
         self.proxy_handle.apply.remote(ray_hosts.start_proxy)
@@ -320,3 +322,4 @@ class RayRollout:
             pass
         await self.watchdog.close()
         self.executor.shutdown(wait=False, cancel_futures=True)
+        self.env_workers.close()

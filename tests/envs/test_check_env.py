@@ -23,6 +23,7 @@ ALL_CHECKS = [
     "garbage actions are invalid",
     "invalid action keeps state",
     "seeded determinism",
+    "in a worker process",
     "close twice",
 ]
 

@@ -1,0 +1,118 @@
+"""Envs in worker processes (roll_agent/rollout/env_workers.py): the same episodes as in
+this process, a worker's death ends only the episodes in flight on it."""
+
+import asyncio
+import os
+import signal
+
+import pytest
+
+from roll_agent.config import ConfigError, EnvSpec, RolloutConfig, load_config
+from roll_agent.rollout.env_workers import EnvWorkerError, EnvWorkers, num_workers
+from roll_agent.rollout.envs import make_env
+from roll_agent.types import Status
+from tests.conftest import run
+from tests.rollout.harness import build, train_loop
+
+LAKE = EnvSpec(id="roll_agent/FrozenLake-v0", kwargs={"size": 4}, workers=2)
+SCRIPT = ["right", "down", "zzz", "down", "right", "down", "left", "up"]
+
+
+def test_how_many_workers_an_env_gets():
+    # TextWorld and ALFWorld declare metadata["thread_safe"] = False: workers by default
+    assert num_workers(EnvSpec(id="roll_agent/TWCooking-v0")) == os.cpu_count()
+    assert num_workers(EnvSpec(id="roll_agent/ALFWorld-v0")) == os.cpu_count()
+    assert num_workers(EnvSpec(id="roll_agent/FrozenLake-v0")) == 0
+    assert num_workers(EnvSpec(id="roll_agent/TWCooking-v0", workers=0)) == 0
+    assert num_workers(EnvSpec(id="roll_agent/FrozenLake-v0", workers=3)) == 3
+    assert load_config(overrides=["envs=[{id: roll_agent/FrozenLake-v0, workers: 2}]"]).envs[0].workers == 2
+    with pytest.raises(ConfigError, match="workers must be >= 0"):
+        load_config(overrides=["envs=[{id: roll_agent/FrozenLake-v0, workers: -1}]"])
+
+
+def play_alone(spec: EnvSpec, seed: int) -> list:
+    env = make_env(spec)
+    try:
+        seen = [env.reset(seed=seed)]
+        seen += [env.step(action) for action in SCRIPT]
+        return seen
+    finally:
+        env.close()
+
+
+async def play_in(workers: EnvWorkers, spec: EnvSpec, seed: int) -> list:
+    env = await workers.pool(spec).make(spec)
+    try:
+        seen = [await env.areset(seed=seed)]
+        seen += [await env.astep(action) for action in SCRIPT]
+        return seen
+    finally:
+        env.close()
+
+
+def test_envs_in_workers_play_as_they_do_alone():
+    async def go():
+        workers = EnvWorkers()
+        try:
+            # 8 envs at once over 2 workers: several envs per worker, their calls interleaved
+            return await asyncio.gather(*(play_in(workers, LAKE, seed) for seed in range(8)))
+        finally:
+            workers.close()
+
+    together = run(go())
+    assert together == [play_alone(LAKE, seed) for seed in range(8)]
+
+
+def test_an_env_error_in_a_worker_names_the_env_and_the_worker_goes_on():
+    spec = EnvSpec(id="roll_agent/Simulated-v0", kwargs={"fail_prob": 1.0}, workers=1)
+
+    async def go():
+        workers = EnvWorkers()
+        try:
+            env = await workers.pool(spec).make(spec)
+            await env.areset(seed=0)
+            with pytest.raises(EnvWorkerError, match="SimulatedEnvError"):
+                await env.astep("anything")
+            env.close()
+            with pytest.raises(EnvWorkerError, match="Cannot make env"):
+                await workers.pool(spec).make(EnvSpec(id="roll_agent/NoSuchEnv-v0"))
+            return await play_in(workers, EnvSpec(id=LAKE.id, kwargs=LAKE.kwargs, workers=1), 3)
+        finally:
+            workers.close()
+
+    assert run(go()) == play_alone(LAKE, 3)
+
+
+def test_a_worker_killed_mid_episode_ends_only_its_episodes_and_the_run_goes_on(formatter):
+    rollout = RolloutConfig(async_ratio=1, num_env_groups=2, groups_per_batch=2, group_size=2,
+                            group_size_redundancy=1, max_turns=4)
+    # blocking 50 ms steps, so a kill finds calls in flight
+    spec = EnvSpec(id="roll_agent/Simulated-v0", workers=2,
+                   kwargs={"episode_len": 4, "latency": "fixed", "mean_s": 0.05, "async_step": False})
+    stack = build(formatter, rollout, specs=[spec])
+    killed = []
+
+    async def killer():
+        pool = stack.workers.pool(spec)
+        while not killed:
+            await asyncio.sleep(0.05)
+            worker = pool.workers[0]
+            if worker is not None and worker.died is None and worker.busy():
+                os.kill(worker.process.pid, signal.SIGKILL)
+                killed.append(worker.process.pid)
+
+    async def go():
+        task = asyncio.create_task(killer())
+        try:
+            return await train_loop(stack, steps=4)
+        finally:
+            task.cancel()
+            await stack.close()
+
+    consumed = run(go())
+    assert killed and len(consumed) == 4
+    assert stack.workers.restarts() >= 1
+    assert stack.buffer.ledger.counts["env_error"] >= 1
+    assert stack.stats().accounting()["accounting_ok"]
+    for _, batch in consumed:
+        assert all(t.status != Status.ENV_ERROR for g in batch for t in g.trajectories)
