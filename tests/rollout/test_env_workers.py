@@ -116,3 +116,31 @@ def test_a_worker_killed_mid_episode_ends_only_its_episodes_and_the_run_goes_on(
     assert stack.stats().accounting()["accounting_ok"]
     for _, batch in consumed:
         assert all(t.status != Status.ENV_ERROR for g in batch for t in g.trajectories)
+
+
+def test_a_call_hung_past_its_timeout_takes_its_worker_down_and_the_next_env_gets_a_fresh_one():
+    hangs = EnvSpec(id="roll_agent/Simulated-v0", kwargs={"hang_prob": 1.0, "hang_s": 600.0}, workers=1)
+
+    async def go():
+        workers = EnvWorkers()
+        pool = workers.pool(hangs)
+        try:
+            env = await pool.make(hangs)
+            await env.areset(seed=0)
+            hung = pool.workers[0]
+            with pytest.raises(TimeoutError):
+                await asyncio.wait_for(env.astep("anything"), 0.3)
+            env.close()  # what the EnvManager does with an env that timed out
+            for _ in range(100):
+                if hung.died is not None:
+                    break
+                await asyncio.sleep(0.05)
+            assert hung.died is not None and "-9" in hung.died
+            fresh = await pool.make(hangs)  # on a restarted worker
+            obs, _ = await fresh.areset(seed=1)
+            return obs, fresh.worker is not hung, pool.restarts
+        finally:
+            workers.close()
+
+    obs, moved, restarts = run(go())
+    assert obs and moved and restarts == 1
