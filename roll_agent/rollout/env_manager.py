@@ -55,6 +55,7 @@ class EnvManager:
     async def _call(self, fn, *args, timeout: float, **kwargs):
         loop = asyncio.get_running_loop()
         self._thread_call = loop.run_in_executor(self.executor, lambda: fn(*args, **kwargs))
+        self._thread_call.add_done_callback(_retrieved)  # a call its episode gave up on fails unheard
         try:
             async with self._stage(getattr(fn, "__name__", "env call"), timeout):
                 return await asyncio.shield(self._thread_call)
@@ -176,6 +177,13 @@ class EnvManager:
                     await asyncio.shield(closing)
             except TimeoutError:
                 log.warning("env %s did not close within %.0fs", self.env_id, timeout)
+
+
+def _retrieved(future: asyncio.Future) -> None:
+    """Mark a thread call's exception as seen: when its episode was cancelled meanwhile, the env
+    was closed under it and nobody awaits the (expected) failure."""
+    if not future.cancelled():
+        future.exception()
 
 
 def _close_quietly(env) -> None:
