@@ -357,7 +357,6 @@ class EnvWorker:
         await self.buffer_handle.barrier.remote()  # the cancelled episodes are counted before run() returns
         self.executor.shutdown(wait=False, cancel_futures=True)
         self.env_workers.close()
-        self.env_workers = EnvWorkers()  # a later run() starts its own
         return self.snapshot()
 
     async def cancel_running(self) -> int:
