@@ -156,7 +156,8 @@ class AsyncController:
         for key in ("started", *OUTCOMES):  # this step's share of each outcome
             out[f"episodes_{key}"] = stats.episodes.get(key, 0) - self._last_counts.get(key, 0)
         self._last_counts = dict(stats.episodes)
-        out.update(stats.accounting(), **stats.watchdog, **{f"proxy_{k}": v for k, v in stats.proxy_faults.items()})
+        out.update(stats.accounting(), **stats.watchdog, **{f"proxy_{k}": v for k, v in stats.proxy_faults.items()},
+                   env_worker_restarts=stats.env_worker_restarts)
         # which samples this step trained on: a resumed run can be checked never to train one twice
         out["trained_samples"] = [f"{t.group_id}:{t.env_id}" for t in trajs]
         now = time.perf_counter()

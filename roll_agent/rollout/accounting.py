@@ -49,12 +49,14 @@ class RolloutStats:
     gen_tokens: int = 0  # sampled by the engines through the proxy
     proxy_faults: dict[str, int] = field(default_factory=dict)  # request_failures, engine_crashes
     watchdog: dict[str, int] = field(default_factory=dict)  # watchdog_* counters
+    env_worker_restarts: int = 0  # env worker processes restarted after dying (rollout/env_workers.py)
 
     @classmethod
-    def of(cls, episodes: dict, in_flight: int, proxy_stats: dict, watchdog: dict) -> "RolloutStats":
+    def of(cls, episodes: dict, in_flight: int, proxy_stats: dict, watchdog: dict,
+           env_worker_restarts: int = 0) -> "RolloutStats":
         """From a ledger's counts and an LLMProxy's `stats` dict (either runtime's)."""
         return cls(dict(episodes), in_flight, proxy_stats["gen_tokens"], {k: proxy_stats[k] for k in PROXY_FAULTS},
-                   watchdog)
+                   watchdog, env_worker_restarts)
 
     def accounting(self) -> dict:
         """Cumulative outcome counters and the identity `started == sum(outcomes) + in_flight`."""

@@ -369,9 +369,11 @@ class EnvWorker:
 
     def snapshot(self) -> dict:
         if self.scheduler is None:
-            return {"incarnation": self.incarnation, "state": None, "watchdog": {}, "oldest": []}
+            return {"incarnation": self.incarnation, "state": None, "watchdog": {}, "oldest": [],
+                    "env_worker_restarts": 0}
         return {"incarnation": self.incarnation, "state": self.scheduler.state_dict(),
-                "watchdog": dict(self.watchdog.stats), "oldest": self.watchdog.oldest()}
+                "watchdog": dict(self.watchdog.stats), "oldest": self.watchdog.oldest(),
+                "env_worker_restarts": self.env_workers.restarts()}
 
     def stop(self) -> None:
         self._stop.set()

@@ -290,7 +290,9 @@ class RayRollout:
         """As RolloutStack.stats, from the last refresh: the buffer actor's ledger, the episodes in
         flight as the env workers' ledger calls and puts left them, the proxy actor's counters."""
         snap = self.buffer_snapshot
-        return RolloutStats.of(Counter(snap["counts"]), snap["in_flight"], self.proxy_stats, self.watchdog.metrics())
+        restarts = self.env_workers.restarts() + sum(s["env_worker_restarts"] for s in self.scheduler.snapshots)
+        return RolloutStats.of(Counter(snap["counts"]), snap["in_flight"], self.proxy_stats, self.watchdog.metrics(),
+                               restarts)
 
     def state_dict(self) -> dict:
         return {"buffer": self.buffer_snapshot["state"], "scheduler": self.scheduler.state_dict()}

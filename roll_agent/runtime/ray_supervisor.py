@@ -17,7 +17,7 @@ from ray.exceptions import RayActorError
 from roll_agent.config import ConfigError
 
 log = logging.getLogger(__name__)
-EMPTY = {"incarnation": -1, "state": None, "watchdog": {}, "oldest": []}
+EMPTY = {"incarnation": -1, "state": None, "watchdog": {}, "oldest": [], "env_worker_restarts": 0}
 
 
 class WorkerSupervisor:

@@ -67,6 +67,7 @@ class GuessTheLetter(gymnasium.Env):
 gymnasium.register(id="RaisesOnEmpty-v0", entry_point=f"{__name__}:RaisesOnEmpty")
 gymnasium.register(id="NoInstructions-v0", entry_point=f"{__name__}:NoInstructions")
 gymnasium.register(id="GuessTheLetter-v0", entry_point=f"{__name__}:GuessTheLetter")
+gymnasium.register(id="OnlyHere-v0", entry_point=GuessTheLetter)  # a class object: this process only
 
 
 @pytest.mark.parametrize("env_id", registered_ids())
@@ -138,3 +139,10 @@ def test_a_plain_gymnasium_env_passes_with_warnings_for_the_optional_keys(capsys
     warned = [line for line in lines if line.startswith("WARN")]
     assert len(warned) == 3 and set(warned) == {f"WARN  {m}" for m in messages}
     assert lines[-1] == f"{__name__}:GuessTheLetter-v0: all checks passed (3 warnings)"
+
+
+def test_an_env_registered_only_in_this_process_passes_with_a_warning_about_workers():
+    # a fresh worker process cannot make it; it needs none unless a config sets envs[].workers
+    with pytest.warns(ContractWarning) as caught:
+        assert check_text_env("OnlyHere-v0") == ALL_CHECKS
+    assert any("cannot be made in a fresh process" in str(w.message) for w in caught)

@@ -111,7 +111,7 @@ def test_a_worker_killed_mid_episode_ends_only_its_episodes_and_the_run_goes_on(
 
     consumed = run(go())
     assert killed and len(consumed) == 4
-    assert stack.workers.restarts() >= 1
+    assert stack.stats().env_worker_restarts == stack.workers.restarts() >= 1
     assert stack.buffer.ledger.counts["env_error"] >= 1
     assert stack.stats().accounting()["accounting_ok"]
     for _, batch in consumed:
