@@ -183,6 +183,9 @@ class RolloutConfig:
     step_timeout_s: float = 60.0
     episode_timeout_s: float = 600.0
     env_threads: int = 64  # threads for blocking env.step calls
+    # an env whose episode ended resets for its lane's next task at once, while the lane waits for
+    # the rest of its group and for admission, so a group's start does not wait for its resets
+    prepare_next_reset: bool = True
 
     def __post_init__(self) -> None:
         if self.async_ratio < 0:
@@ -202,6 +205,24 @@ class RolloutConfig:
     @property
     def episodes_per_batch(self) -> int:
         return self.groups_per_batch * self.group_size
+
+
+@dataclass
+class EndpointConfig:
+    """The OpenAI-compatible endpoint agent episodes call (roll_agent/agents/server.py); started
+    only when an env is an agent env (roll_agent/Agent-v0)."""
+
+    host: str = "127.0.0.1"
+    port: int = 0  # 0: a free port
+    model_name: str = "roll_agent"  # what GET /v1/models lists; requests may name any model
+    tool_parser: str = "hermes"  # model text -> OpenAI tool_calls: hermes (<tool_call>{json}</tool_call>) | module:function
+    honor_sampling: bool = False  # true: the agent's temperature / top_p instead of the rollout's (off-policy for RL)
+    max_request_mb: float = 8.0  # larger request bodies get a 413
+
+    def __post_init__(self) -> None:
+        _positive("endpoint", max_request_mb=self.max_request_mb)
+        if not 0 <= self.port < 65536:
+            raise ConfigError(f"endpoint.port must be in [0, 65535] (0: a free port), got {self.port}")
 
 
 @dataclass
@@ -384,6 +405,7 @@ class Config:
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     watchdog: WatchdogConfig = field(default_factory=WatchdogConfig)
     envs: list[EnvSpec] = field(default_factory=lambda: [EnvSpec(kwargs={"invalid_action_penalty": -0.1})])
+    endpoint: EndpointConfig = field(default_factory=EndpointConfig)
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     warmup: WarmupConfig = field(default_factory=WarmupConfig)

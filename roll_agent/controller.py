@@ -151,7 +151,9 @@ class AsyncController:
         out = summarize(trajs, per_tag=len({t.env_tag for t in trajs}) > 1)
         out.update(staleness_mean=sum(stale) / len(stale), staleness_max=float(max(stale)),
                    invalid_action_rate=sum(t.metrics.get("invalid_actions", 0) for t in trajs)
-                   / max(sum(t.num_turns for t in trajs), 1))
+                   / max(sum(t.num_turns for t in trajs), 1),
+                   # how long an episode waited for its env's reset (~0 when prepared ahead)
+                   reset_wait_s_mean=sum(t.timing.get("reset_s", 0.0) for t in trajs) / len(trajs))
         stats = self.p.rollout.stats()
         for key in ("started", *OUTCOMES):  # this step's share of each outcome
             out[f"episodes_{key}"] = stats.episodes.get(key, 0) - self._last_counts.get(key, 0)

@@ -65,6 +65,8 @@ def env_corpus(env_specs: list[EnvSpec], episodes_per_env: int = 24, seed: int =
             for ep in range(episodes_per_env):
                 obs, info = env.reset(seed=rng.randrange(10**6))
                 texts += [info.get("instructions", ""), obs] + [json.dumps(t) for t in info.get("tools") or []]
+                if getattr(env.unwrapped, "agent", None) is not None:
+                    continue  # an agent env's episode is its agent's run: the task text is what it has
                 for _ in range(12):
                     action = _corpus_action(env, info, rng)
                     texts.append(action)

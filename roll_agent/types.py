@@ -89,6 +89,14 @@ class Trajectory:
     start_version: int = 0
     timing: dict[str, float] = field(default_factory=dict)
     metrics: dict[str, float] = field(default_factory=dict)
+    # an agent episode's further samples: when the agent's history stopped being a prefix of what
+    # the model saw (roll_agent/agents/sessions.py), each new segment is trained as its own sample,
+    # with this episode's reward and advantage
+    segments: list[Trajectory] = field(default_factory=list)
+
+    def samples(self) -> list[Trajectory]:
+        """What is trained for this episode: itself and its further segments."""
+        return [self, *self.segments]
 
     def append(self, ids: list[int], *, generated: bool, logprobs=None, versions=None) -> None:
         self.token_ids.extend(ids)
@@ -98,12 +106,13 @@ class Trajectory:
 
     @property
     def min_version(self) -> int:
-        """Oldest policy version among the generated tokens (start version if none yet)."""
-        gen = [v for v in self.versions if v >= 0]
+        """Oldest policy version among the generated tokens of every segment (start version if none yet)."""
+        gen = [v for t in self.samples() for v in t.versions if v >= 0]
         return min(gen) if gen else self.start_version
 
     @property
     def num_generated_tokens(self) -> int:
+        """Of this sample (its further segments count for themselves)."""
         return sum(self.loss_mask)
 
 

@@ -7,6 +7,16 @@ envs that are not thread-safe live in worker processes (roll_agent/rollout/env_w
 async envs to this class), so a slow env never stalls the others (environment-level async).
 An env that raises or times out ends only its episode, with status `env_error`; the env is
 then rebuilt.
+
+An agent env (roll_agent/Agent-v0: `env.unwrapped.agent`) plays its episode differently: the
+reset gives a task, the user's agent runs against its own session of the OpenAI-compatible
+endpoint (roll_agent/agents/), every model call it makes is recorded token-exactly into the
+trajectory (and its further segments), and `step(result)` scores what the agent returned.
+
+`prepare(seed)` resets the env for the next episode in the background as soon as the last one
+ended (the GroupScheduler calls it with its lane's next seed): the reset (an ALFWorld game load,
+a sandbox start) runs while the lane waits for the rest of its group, and the next
+`run_episode(seed)` starts from its result.
 """
 
 from __future__ import annotations
@@ -16,6 +26,7 @@ import logging
 import time
 from concurrent.futures import Executor
 
+from roll_agent.agents.runner import AgentError, AgentSpec, run_agent
 from roll_agent.config import EnvSpec, RolloutConfig
 from roll_agent.proxy.llm_proxy import GenerationAborted
 from roll_agent.rollout.chat import ChatFormatter
@@ -34,7 +45,7 @@ class EnvStepError(RuntimeError):
 class EnvManager:
     def __init__(self, env_id: str, spec: EnvSpec, formatter: ChatFormatter, proxy, cfg: RolloutConfig,
                  executor: Executor | None = None, watchdog: Watchdog | None = None,
-                 workers: EnvWorkers | None = None):
+                 workers: EnvWorkers | None = None, endpoint=None):
         self.env_id = env_id
         self.spec = spec
         self.tag = spec.name
@@ -43,11 +54,13 @@ class EnvManager:
         self.cfg = cfg
         self.executor = executor
         self.workers = workers  # where envs that ask for worker processes live (None: none do)
+        self.endpoint = endpoint  # the AgentEndpoint agent envs' agents call (roll_agent/agents/server.py)
         self.watchdog = watchdog or Watchdog()  # bounds each stage: step_timeout_s, episode_timeout_s
         self.env = None
         self.info: dict = {}  # the env's last reset/step info (the warm-start's expert reads it)
         self.current: Trajectory | None = None  # the episode in progress (read by the scheduler)
         self._thread_call: asyncio.Future | None = None  # a blocking env call that may outlive its episode
+        self._prepared: tuple[int, asyncio.Task] | None = None  # (seed, its reset running ahead)
 
     def _stage(self, stage: str, timeout: float):
         return self.watchdog.watch("env", f"env {self.env_id} stage {stage}", timeout)
@@ -119,20 +132,46 @@ class EnvManager:
             traj.timing["episode_s"] = time.perf_counter() - start
             self.current = None
         traj.reward = float(sum(traj.step_rewards))
+        for segment in traj.segments:  # an agent episode's further samples share its outcome
+            segment.reward, segment.status, segment.success = traj.reward, traj.status, traj.success
         return traj
 
-    async def _play(self, traj: Trajectory, seed: int, greedy: bool) -> None:
-        cfg = self.cfg
+    async def _reset(self, seed: int) -> tuple:
         if self._thread_call is not None and not self._thread_call.done():
             await self._discard_env()  # a cancelled episode left this env mid-call in its thread
         if self.env is None:
             self.env = await self._make_env()
         areset = getattr(self.env.unwrapped, "areset", None)
         if areset is not None:  # an async env resets on the loop: no thread hop per episode
-            obs, info = await self._await("areset", areset, seed=seed, timeout=cfg.step_timeout_s)
-        else:
-            obs, info = await self._call(self.env.reset, seed=seed, timeout=cfg.step_timeout_s)
+            return await self._await("areset", areset, seed=seed, timeout=self.cfg.step_timeout_s)
+        return await self._call(self.env.reset, seed=seed, timeout=self.cfg.step_timeout_s)
+
+    def prepare(self, seed: int) -> None:
+        """Reset for `seed` now, in the background; the next `run_episode(seed)` starts from it.
+        A failed prepared reset fails that episode (`env_error`), as the reset itself would."""
+        if self._prepared is not None:
+            self._prepared[1].cancel()
+        task = asyncio.create_task(self._reset(seed), name=f"prepare-{self.env_id}")
+        task.add_done_callback(_retrieved)  # an episode that never comes leaves it unheard
+        self._prepared = (seed, task)
+
+    async def _take_reset(self, seed: int) -> tuple:
+        prepared, self._prepared = self._prepared, None
+        if prepared is not None:
+            if prepared[0] == seed:
+                return await prepared[1]
+            await _cancelled(prepared[1])  # prepared for another seed (a resumed run draws afresh)
+        return await self._reset(seed)
+
+    async def _play(self, traj: Trajectory, seed: int, greedy: bool) -> None:
+        cfg = self.cfg
+        t0 = time.perf_counter()
+        obs, info = await self._take_reset(seed)
+        traj.timing["reset_s"] = time.perf_counter() - t0  # the wait: ~0 when prepared in time
         self.info = info
+        agent = getattr(self.env.unwrapped, "agent", None)
+        if isinstance(agent, AgentSpec):
+            return await self._play_agent(traj, agent, info.get("task"), greedy)
         prompt = self.formatter.first_prompt(str(info.get("instructions", "")), str(obs), info.get("tools"))
         traj.append(prompt, generated=False)
         traj.prompt_len = len(prompt)
@@ -161,6 +200,39 @@ class EnvManager:
             traj.append(self.formatter.next_turn(str(obs), result.finish_reason == "stop"), generated=False)
         traj.timing.update(gen_s=gen_s, env_s=env_s)
 
+    async def _play_agent(self, traj: Trajectory, agent: AgentSpec, task, greedy: bool) -> None:
+        """One run of the user's agent on `task` through its own endpoint session, then scored."""
+        if self.endpoint is None:
+            raise EnvStepError(f"env {self.spec.id} runs agents, which need the agent endpoint; this runtime "
+                               "gives its env managers none (agent envs run under runtime.type=local)")
+        await self.endpoint.start()
+        session = self.endpoint.open_session(self.env_id, traj, greedy)
+        t0 = time.perf_counter()
+        try:
+            try:
+                result = await run_agent(agent, task, self.endpoint.session_url(session), session.key)
+            except AgentError as exc:
+                if not session.truncated:  # a failure, not the agent giving up at a turn or context limit
+                    raise EnvStepError(str(exc)) from exc
+                result = None
+        finally:
+            self.endpoint.close_session(session)
+            traj.metrics.update(session.metrics())
+        traj.timing["gen_s"] = time.perf_counter() - t0
+        if session.calls == 0:
+            raise EnvStepError("the agent made no model call through the endpoint (does it use the base URL and "
+                               "API key it is given?)")
+        if result is None:
+            traj.status = Status.TRUNCATED
+            traj.step_rewards.append(0.0)
+            return
+        t1 = time.perf_counter()
+        _, reward, terminated, truncated, info = await self._step(result)
+        traj.timing["env_s"] = time.perf_counter() - t1
+        traj.step_rewards.append(float(reward))
+        traj.status = Status.TRUNCATED if session.truncated or truncated or not terminated else Status.FINISHED
+        traj.success = bool(info.get("success", reward > 0))
+
     async def _discard_env(self) -> asyncio.Future | None:
         """Close a failed env in the background (it may be hung) and build a fresh one next episode."""
         env, self.env = self.env, None
@@ -170,6 +242,9 @@ class EnvManager:
 
     async def close(self, timeout: float = 30.0) -> None:
         """Close the env and wait for it (bounded: a hung env is left to its thread)."""
+        if self._prepared is not None:
+            await _cancelled(self._prepared[1])
+            self._prepared = None
         closing = await self._discard_env()
         if closing is not None:
             try:
@@ -184,6 +259,11 @@ def _retrieved(future: asyncio.Future) -> None:
     was closed under it and nobody awaits the (expected) failure."""
     if not future.cancelled():
         future.exception()
+
+
+async def _cancelled(task: asyncio.Task) -> None:
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
 
 
 def _close_quietly(env) -> None:

@@ -6,7 +6,9 @@ A lane plays one group at a time: every env of the group plays the same task see
 redundant rest are cancelled for real (their pending engine requests aborted). More
 lanes than a batch needs give group-level redundancy: the first groups to complete
 fill each batch. Groups that can no longer be consumed (too stale) are cancelled
-early so their envs start fresh work.
+early so their envs start fresh work. A lane draws its next task seed when a group starts,
+and each env whose episode ended resets for it at once (`rollout.prepare_next_reset`), while
+the lane still waits for the rest of the group and for admission.
 """
 
 from __future__ import annotations
@@ -52,9 +54,10 @@ class Lane:
         self.kept: list[Trajectory] = []  # episodes of the current group that ended well
         self.stale = False  # the current group was cancelled as too old to train on
         self.group_id = -1
+        self.next_seed: int | None = None  # the task of the lane's next group, its envs prepare for it
 
     def min_generated_version(self) -> int | None:
-        versions = [v for m in self.managers if m.current for v in m.current.versions if v >= 0]
+        versions = [v for m in self.managers if m.current for t in m.current.samples() for v in t.versions if v >= 0]
         return min(versions) if versions else None
 
 
@@ -78,24 +81,30 @@ class GroupScheduler:
         self.counts: Counter = Counter()  # groups: put, stale, failed
         self.ledger = buffer.ledger  # episodes: started and each outcome
         self._drivers: list[asyncio.Task] = []
+        self._stopping = False
 
     def start(self) -> None:
         self._drivers = [asyncio.create_task(self._drive(lane), name=f"lane-{lane.index}") for lane in self.lanes]
 
-    def _new_group(self) -> tuple[int, int]:
+    def _new_group_id(self) -> int:
         gid = self._next_group_id
         self._next_group_id += self._stride
-        return gid, self._rng.randrange(TRAIN_SEED_SPACE)
+        return gid
+
+    def _new_seed(self) -> int:
+        return self._rng.randrange(TRAIN_SEED_SPACE)
 
     async def _drive(self, lane: Lane) -> None:
+        seed = self._new_seed()
         while True:
             await self.buffer.admit()
-            gid, seed = self._new_group()
+            gid = self._new_group_id()
             lane.group_id, lane.stale, lane.kept = gid, False, []
+            lane.next_seed = self._new_seed() if self.cfg.prepare_next_reset else None
             lane.tasks = [asyncio.create_task(m.run_episode(seed, gid)) for m in lane.managers]
             lane.running = set(lane.tasks)
-            for task in lane.tasks:
-                task.add_done_callback(lambda t, lane=lane: self._settle(lane, t))
+            for task, manager in zip(lane.tasks, lane.managers):
+                task.add_done_callback(lambda t, lane=lane, m=manager: self._settle(lane, t, m))
             self.ledger.start(len(lane.tasks))
             kept = await self._collect(lane)
             if kept:
@@ -103,10 +112,14 @@ class GroupScheduler:
                 await self.buffer.put(Group(gid, seed, lane.spec.name, kept))
             else:
                 await self.buffer.release()
+            seed = lane.next_seed if lane.next_seed is not None else self._new_seed()
 
-    def _settle(self, lane: Lane, task: asyncio.Task) -> None:
-        """Record how one episode ended, exactly once (a done callback: also for a task cancelled unstarted)."""
+    def _settle(self, lane: Lane, task: asyncio.Task, manager: EnvManager) -> None:
+        """Record how one episode ended, exactly once (a done callback: also for a task cancelled
+        unstarted), and have its env reset for the lane's next task."""
         lane.running.discard(task)
+        if lane.next_seed is not None and not self._stopping:
+            manager.prepare(lane.next_seed)
         if task.cancelled():
             self.ledger.end(Status.CANCELLED)
             return
@@ -169,6 +182,7 @@ class GroupScheduler:
         self.counts.update(state["counts"])
 
     async def stop(self) -> None:
+        self._stopping = True
         for task in self._drivers:
             task.cancel()
         await asyncio.gather(*self._drivers, return_exceptions=True)

@@ -1,6 +1,7 @@
 """The rollout half of the system, assembled: LLMProxy, one EnvManager per env in
-groups, the GroupScheduler and the SampleBuffer, plus the thread pool for blocking envs and
-the worker processes for envs that are not thread-safe.
+groups, the GroupScheduler and the SampleBuffer, plus the thread pool for blocking envs, the
+worker processes for envs that are not thread-safe, and the OpenAI-compatible endpoint agent
+envs' agents call (started on first use).
 The training run, the tests and the benchmarks all build it here."""
 
 from __future__ import annotations
@@ -8,7 +9,8 @@ from __future__ import annotations
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-from roll_agent.config import EnvSpec, ProxyConfig, RolloutConfig, WatchdogConfig
+from roll_agent.agents.server import AgentEndpoint
+from roll_agent.config import EndpointConfig, EnvSpec, ProxyConfig, RolloutConfig, WatchdogConfig
 from roll_agent.protocols import WeightSync
 from roll_agent.proxy.llm_proxy import LLMProxy
 from roll_agent.rollout.accounting import RolloutStats
@@ -30,10 +32,11 @@ class RolloutStack:
     formatter: ChatFormatter
     cfg: RolloutConfig
     watchdog: Watchdog
+    endpoint: AgentEndpoint
 
     def env_manager(self, env_id: str, spec: EnvSpec) -> EnvManager:
         return EnvManager(env_id, spec, self.formatter, self.proxy, self.cfg, self.executor, self.watchdog,
-                          self.workers)
+                          self.workers, self.endpoint)
 
     def start(self) -> None:
         self.scheduler.start()
@@ -70,6 +73,7 @@ class RolloutStack:
 
     async def close(self) -> None:
         await self.scheduler.stop()
+        await self.endpoint.close()
         await self.proxy.close()
         await self.watchdog.close()
         self.executor.shutdown(wait=False, cancel_futures=True)
@@ -78,16 +82,18 @@ class RolloutStack:
 
 def build_rollout(formatter: ChatFormatter, cfg: RolloutConfig, specs: list[EnvSpec], engines: list,
                   proxy_cfg: ProxyConfig | None = None, seed: int = 0, version: int = 0,
-                  watchdog_cfg: WatchdogConfig | None = None, weight_sync: WeightSync | None = None) -> RolloutStack:
+                  watchdog_cfg: WatchdogConfig | None = None, weight_sync: WeightSync | None = None,
+                  endpoint_cfg: EndpointConfig | None = None) -> RolloutStack:
     """`weight_sync`: how the trainer's weights reach `engines` (None: only the version, for scripted engines)."""
     watchdog = Watchdog(watchdog_cfg)
     proxy = LLMProxy(engines, proxy_cfg, version=version, watchdog=watchdog, weight_sync=weight_sync)
     buffer = SampleBuffer(cfg, version=version)
     executor = ThreadPoolExecutor(cfg.env_threads, thread_name_prefix="env")
     workers = EnvWorkers()
+    endpoint = AgentEndpoint(proxy, formatter, cfg, endpoint_cfg)
 
     def manager(env_id: str, spec: EnvSpec) -> EnvManager:
-        return EnvManager(env_id, spec, formatter, proxy, cfg, executor, watchdog, workers)
+        return EnvManager(env_id, spec, formatter, proxy, cfg, executor, watchdog, workers, endpoint)
 
     scheduler = GroupScheduler(cfg, specs, buffer, manager, seed=seed)
-    return RolloutStack(proxy, buffer, scheduler, executor, workers, formatter, cfg, watchdog)
+    return RolloutStack(proxy, buffer, scheduler, executor, workers, formatter, cfg, watchdog, endpoint)

@@ -45,4 +45,4 @@ class LocalRuntime:
         cfg = self.cfg
         engines = make_engines(cfg.engine, cfg.model, self.model_path, seed=cfg.seed)
         return build_rollout(formatter, cfg.rollout, cfg.envs, engines, cfg.proxy, cfg.seed, trainer.version,
-                             cfg.watchdog, InProcessSync(trainer.named_weights))
+                             cfg.watchdog, InProcessSync(trainer.named_weights), cfg.endpoint)

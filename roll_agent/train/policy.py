@@ -108,10 +108,14 @@ class PolicyTrainer:
         lr = lr_at(self.cfg, self.version)
         for group in self._param_groups():
             group["lr"] = lr
-        trajs = [t for g in groups for t in g.trajectories]
-        rewards = torch.tensor([t.reward for t in trajs], dtype=torch.float32)
+        episodes = [t for g in groups for t in g.trajectories]
+        rewards = torch.tensor([t.reward for t in episodes], dtype=torch.float32)
         gids = torch.tensor([g.group_id for g in groups for _ in g.trajectories])
         adv = alg.compute_advantages(rewards, gids, self.algo.advantage, std_normalize=self.algo.std_normalize)
+        # an agent episode may be several samples (segments): each takes its episode's advantage
+        of_episode = [i for i, t in enumerate(episodes) for _ in t.samples()]
+        trajs = [s for t in episodes for s in t.samples()]
+        adv = adv[of_episode]
         order = list(range(len(trajs)))
         self._rng.shuffle(order)
         k = self.cfg.updates_per_batch

@@ -1,0 +1,122 @@
+"""`roll_agent/Agent-v0`: an env whose episode is one run of a user's agent.
+
+The env holds the tasks and the reward; the agent (roll_agent/agents/runner.py) does the rest
+through the endpoint. `reset(seed)` gives the task, `step(result)` scores what the agent
+returned. The EnvManager sees `env.unwrapped.agent` and plays the episode by running the
+agent against its session instead of asking the model itself.
+
+    envs:
+      - id: roll_agent/Agent-v0
+        kwargs:
+          agent: my_pkg.my_agent:solve      # or command: "python my_agent.py"
+          tasks: data/tasks.jsonl           # one JSON object per line, handed to the agent as is
+          reward: my_pkg.my_agent:score     # score(task, result) -> float; optional for an agent
+                                            # that returns a number
+          timeout_s: 300
+
+Tasks from a gymnasium env instead of a file: `task_env: module:Name-v0` (and
+`task_env_kwargs`): its `reset(seed)` gives the task ({prompt, instructions, seed}), and
+`step(answer)` with the agent's result (as text) gives the reward, or its `evaluate(result)`
+when it has one.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import numbers
+from pathlib import Path
+from typing import Any
+
+import gymnasium
+from gymnasium import spaces
+
+from roll_agent.agents.runner import AgentSpec
+
+_TEXT = spaces.Text(max_length=1_000_000, charset="".join(chr(c) for c in range(32, 127)) + "\n\t")
+
+
+def _import(path: str, what: str):
+    module, _, name = path.partition(":")
+    if not name:
+        raise ValueError(f"{what}={path!r}: name it as module:function")
+    try:
+        return getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError) as exc:
+        raise ValueError(f"cannot import {what} {path!r}: {exc} (is its module on PYTHONPATH?)") from exc
+
+
+class AgentTaskEnv(gymnasium.Env):
+    metadata = {"render_modes": [], "free_text_actions": True}
+
+    def __init__(self, agent: str = "", command: list[str] | str = "", tasks: str = "", reward: str = "",
+                 task_env: str = "", task_env_kwargs: dict | None = None, timeout_s: float = 600.0,
+                 cwd: str | None = None, env: dict | None = None):
+        self.agent = AgentSpec(function=agent, command=command or [], timeout_s=timeout_s, cwd=cwd,
+                               env={str(k): str(v) for k, v in (env or {}).items()})
+        if bool(tasks) == bool(task_env):
+            raise ValueError("an agent env needs exactly one task source: tasks (a JSONL file) or task_env (a gymnasium id)")
+        self.observation_space = _TEXT
+        self.action_space = _TEXT
+        self.tasks: list[Any] = []
+        self.inner = None
+        if tasks:
+            self.tasks = _read_tasks(Path(tasks))
+        else:
+            from roll_agent.rollout.envs import make_env
+            from roll_agent.config import EnvSpec
+
+            self.inner = make_env(EnvSpec(id=task_env, kwargs=dict(task_env_kwargs or {})))
+        self.reward_fn = _import(reward, "reward") if reward else None
+        self.task: Any = None
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None):
+        super().reset(seed=seed)
+        seed = 0 if seed is None else int(seed)
+        if self.inner is not None:
+            obs, info = self.inner.reset(seed=seed)
+            self.task = {"prompt": str(obs), "instructions": str(info.get("instructions", "")), "seed": seed}
+        else:
+            self.task = self.tasks[seed % len(self.tasks)]
+        prompt = self.task.get("prompt") if isinstance(self.task, dict) else None
+        return str(prompt if prompt is not None else json.dumps(self.task)), {"task": self.task}
+
+    def step(self, result: Any):
+        if self.task is None:
+            raise RuntimeError("step() before reset()")
+        info: dict = {}
+        if self.reward_fn is not None:
+            reward = self.reward_fn(self.task, result)
+        elif self.inner is not None:
+            evaluate = getattr(self.inner.unwrapped, "evaluate", None)
+            if evaluate is not None:
+                reward = evaluate(result)
+            else:
+                _, reward, _, _, info = self.inner.step(result if isinstance(result, str) else json.dumps(result))
+        elif isinstance(result, numbers.Real) and not isinstance(result, bool):
+            reward = result
+        else:
+            raise ValueError(f"the agent returned {type(result).__name__}, not a number, and the env has no reward "
+                             "function: give reward: module:function (called as reward(task, result))")
+        reward = float(reward)
+        return "", reward, True, False, {"success": bool(info.get("success", reward > 0))}
+
+    def close(self) -> None:
+        if self.inner is not None:
+            self.inner.close()
+
+
+def _read_tasks(path: Path) -> list[Any]:
+    if not path.is_file():
+        raise ValueError(f"tasks file {path} does not exist")
+    tasks = []
+    for n, line in enumerate(path.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            tasks.append(json.loads(line))
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{path}:{n} is not a JSON line: {exc}") from exc
+    if not tasks:
+        raise ValueError(f"tasks file {path} has no tasks")
+    return tasks

@@ -1,0 +1,101 @@
+"""Agent episodes (roll_agent/Agent-v0): a user's agent, unchanged, played as the episodes of
+groups and trained; its failures end only its episode."""
+
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+from roll_agent.config import EnvSpec, RolloutConfig
+from roll_agent.types import Status
+from tests.agents.conftest import answering, stack_for
+from tests.conftest import run
+from tests.rollout.harness import train_loop
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "openai_agent"
+sys.path.insert(0, str(EXAMPLE))  # the example agent's module, as PYTHONPATH gives it to a run
+
+
+def calculator_model(text: str) -> str:
+    """Calls the calculator on the question, then answers with the tool's result (wrong for odd
+    first operands, so a group's rewards differ)."""
+    last_turn = text.rsplit("<|im_start|>", 2)[-2]
+    if "<tool_response>" in last_turn:
+        result = last_turn.split("<tool_response>\n")[1].split("\n")[0]
+        a = int(re.search(r"What is (\d+)", text).group(1))
+        return f"The answer is {int(result) + (a % 2)}."
+    a, op, b = re.search(r"What is (\d+) (.) (\d+)\?", text).groups()
+    return '<tool_call>\n{"name": "calculator", "arguments": {"expression": "%s %s %s"}}\n</tool_call>' % (a, op, b)
+
+
+def agent_spec(**kwargs) -> EnvSpec:
+    base = {"agent": "agent:solve", "tasks": str(EXAMPLE / "tasks.jsonl"), "reward": "agent:score", "timeout_s": 30}
+    return EnvSpec(id="roll_agent/Agent-v0", tag="calc", kwargs={**base, **kwargs})
+
+
+ROLLOUT = RolloutConfig(async_ratio=1, num_env_groups=2, groups_per_batch=2, group_size=2, group_size_redundancy=1,
+                        max_turns=4, max_new_tokens=256, max_context_tokens=4096)
+
+
+def play(formatter, spec: EnvSpec, steps: int = 2, rollout: RolloutConfig = ROLLOUT):
+    stack = stack_for(formatter, answering(formatter, calculator_model), rollout=rollout, specs=[spec])
+
+    async def go():
+        try:
+            return await train_loop(stack, steps=steps)
+        finally:
+            await stack.close()
+
+    return stack, run(go(), timeout=120)
+
+
+def test_the_example_openai_sdk_agent_plays_groups_and_is_scored(formatter):
+    stack, consumed = play(formatter, agent_spec())
+    episodes = [t for _, batch in consumed for g in batch for t in g.trajectories]
+    assert len(episodes) == 8 and all(t.status == Status.FINISHED for t in episodes)
+    for t in episodes:
+        a = int(re.search(r"What is (\d+)", formatter.tokenizer.decode(t.token_ids)).group(1))
+        assert t.reward == (0.0 if a % 2 else 1.0)
+        # two calls (tool call, answer), one segment: the tool result extended the first
+        assert t.metrics["agent_calls"] == 2 and t.metrics["agent_segments"] == 1 and not t.segments
+        assert t.num_turns == 2 and sum(t.loss_mask) > 0
+    counts = stack.buffer.ledger.counts
+    assert counts["cancelled"] > 0  # the redundant runs were cancelled
+    assert stack.stats().accounting()["accounting_ok"]
+
+
+def test_a_crashing_agent_ends_its_episode_as_env_error_and_the_run_goes_on(formatter, tmp_path):
+    module = tmp_path / "flaky_agent.py"
+    module.write_text(
+        "import agent\n"
+        "async def solve(task, client):\n"
+        "    if task['id'] % 3 == 0:\n"
+        "        raise RuntimeError('the agent fell over on task %d' % task['id'])\n"
+        "    if task['id'] % 3 == 1:\n"
+        "        return 'I never asked the model'\n"
+        "    return await agent.solve(task, client)\n")
+    sys.path.insert(0, str(tmp_path))
+    try:
+        stack, consumed = play(formatter, agent_spec(agent="flaky_agent:solve"), steps=2)
+    finally:
+        sys.path.remove(str(tmp_path))
+    counts = stack.buffer.ledger.counts
+    assert counts["env_error"] > 0
+    for _, batch in consumed:
+        for group in batch:
+            assert all(t.status == Status.FINISHED for t in group.trajectories)
+    assert stack.stats().accounting()["accounting_ok"]
+
+
+def test_errors_name_what_to_fix(formatter):
+    from roll_agent.agents.task_env import AgentTaskEnv
+
+    with pytest.raises(ValueError, match="exactly one of agent"):
+        AgentTaskEnv(tasks=str(EXAMPLE / "tasks.jsonl"))
+    with pytest.raises(ValueError, match="exactly one task source"):
+        AgentTaskEnv(agent="agent:solve")
+    env = AgentTaskEnv(agent="agent:solve", tasks=str(EXAMPLE / "tasks.jsonl"))
+    env.reset(seed=0)
+    with pytest.raises(ValueError, match="give reward: module:function"):
+        env.step("a text answer with no reward function to score it")
