@@ -49,6 +49,20 @@ def stale_drop_warning(row: dict) -> str | None:
             "rollout.async_ratio.")
 
 
+def agent_metrics(trajs: list) -> dict[str, float]:
+    """Agent episodes (roll_agent/agents/): model calls and segments per episode, and the share of
+    calls that extended a segment vs forked a new one; nothing for env episodes."""
+    agents = [t.metrics for t in trajs if "agent_calls" in t.metrics]
+    if not agents:
+        return {}
+    total = lambda key: sum(m[key] for m in agents)  # noqa: E731
+    calls = max(total("agent_calls"), 1.0)
+    return {"agent_calls_per_episode": total("agent_calls") / len(agents),
+            "agent_segments_per_episode": total("agent_segments") / len(agents),
+            "agent_extend_share": total("agent_extended") / calls, "agent_fork_share": total("agent_forked") / calls,
+            "agent_retokenize_mismatches": total("agent_retokenize_mismatches")}
+
+
 async def update_weights(rollout: Rollout, version: int) -> SyncReport:
     """Suspend -> push -> resume: the engines serve `version`; then the rollout learns of it."""
     await rollout.proxy.suspend()
@@ -154,6 +168,7 @@ class AsyncController:
                    / max(sum(t.num_turns for t in trajs), 1),
                    # how long an episode waited for its env's reset (~0 when prepared ahead)
                    reset_wait_s_mean=sum(t.timing.get("reset_s", 0.0) for t in trajs) / len(trajs))
+        out.update(agent_metrics(trajs))
         stats = self.p.rollout.stats()
         for key in ("started", *OUTCOMES):  # this step's share of each outcome
             out[f"episodes_{key}"] = stats.episodes.get(key, 0) - self._last_counts.get(key, 0)

