@@ -203,8 +203,8 @@ class EnvManager:
     async def _play_agent(self, traj: Trajectory, agent: AgentSpec, task, greedy: bool) -> None:
         """One run of the user's agent on `task` through its own endpoint session, then scored."""
         if self.endpoint is None:
-            raise EnvStepError(f"env {self.spec.id} runs agents, which need the agent endpoint; this runtime "
-                               "gives its env managers none (agent envs run under runtime.type=local)")
+            raise EnvStepError(f"env {self.spec.id} runs agents, which need the agent endpoint; this EnvManager "
+                               "was made without one (build it through the rollout: its env_manager())")
         await self.endpoint.start()
         session = self.endpoint.open_session(self.env_id, traj, greedy)
         t0 = time.perf_counter()

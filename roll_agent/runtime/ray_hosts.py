@@ -15,6 +15,7 @@ version than it was synced to) or, at the next push, by its new pid (`confirm`).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import os
 from collections import Counter
@@ -23,6 +24,7 @@ from concurrent.futures import ThreadPoolExecutor
 import ray
 from ray.exceptions import ActorDiedError, RayActorError
 
+from roll_agent.agents.server import AgentEndpoint
 from roll_agent.config import Config, RolloutConfig
 from roll_agent.protocols import Buffer, Ledger, Proxy
 from roll_agent.proxy.llm_proxy import LLMProxy
@@ -338,9 +340,12 @@ class EnvWorker:
         buffer = RemoteBuffer(self.buffer_handle, cfg.rollout, (self.index, incarnation))
         self.watchdog = Watchdog(cfg.watchdog)
 
+        # agent envs' agents call this actor's own endpoint (a free port each: several actors per node)
+        endpoint = AgentEndpoint(proxy, self.formatter, cfg.rollout, dataclasses.replace(cfg.endpoint, port=0))
+
         def manager(env_id, spec):
             return EnvManager(env_id, spec, self.formatter, proxy, cfg.rollout, self.executor, self.watchdog,
-                              self.env_workers)
+                              self.env_workers, endpoint)
 
         seed = cfg.seed + 10_007 * self.index + 1_000_003 * incarnation  # a restart plays new tasks
         first = state["next_group_id"] if state else self.index
@@ -353,6 +358,7 @@ class EnvWorker:
         self.watchdog.start()
         await self._stop.wait()
         await self.scheduler.stop()
+        await endpoint.close()
         await self.watchdog.close()
         await self.buffer_handle.barrier.remote()  # the cancelled episodes are counted before run() returns
         self.executor.shutdown(wait=False, cancel_futures=True)

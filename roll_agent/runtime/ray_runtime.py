@@ -30,6 +30,7 @@ from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 import roll_agent
+from roll_agent.agents.server import AgentEndpoint
 from roll_agent.config import Config, ConfigError, EnvSpec
 from roll_agent.protocols import Engine, Proxy, Trainer
 from roll_agent.rollout.accounting import PROXY_FAULTS, RolloutStats
@@ -259,11 +260,12 @@ class RayRollout:
         self.executor = ThreadPoolExecutor(cfg.rollout.env_threads, thread_name_prefix="eval-env")
         self.env_workers = EnvWorkers()
         self.proxy = RemoteProxy(proxy, version)  # the controller's updates, the evaluation envs' requests
+        self.endpoint = AgentEndpoint(self.proxy, formatter, cfg.rollout, cfg.endpoint)  # evaluation agents' calls
 
     def env_manager(self, env_id: str, spec: EnvSpec) -> EnvManager:
         """Evaluation envs run here in the driver; their requests go to the proxy actor."""
         return EnvManager(env_id, spec, self.formatter, self.proxy, self.cfg.rollout, self.executor,
-                          self.watchdog, self.env_workers)
+                          self.watchdog, self.env_workers, self.endpoint)
 
     def start(self) -> None:
         self.proxy_handle.apply.remote(ray_hosts.start_proxy)
@@ -322,6 +324,7 @@ class RayRollout:
             await self.proxy_handle.apply.remote(ray_hosts.close_proxy)
         except RayActorError:
             pass
+        await self.endpoint.close()
         await self.watchdog.close()
         self.executor.shutdown(wait=False, cancel_futures=True)
         self.env_workers.close()

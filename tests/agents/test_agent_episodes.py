@@ -1,6 +1,8 @@
 """Agent episodes (roll_agent/Agent-v0): a user's agent, unchanged, played as the episodes of
 groups and trained; its failures end only its episode."""
 
+import asyncio
+import os
 import re
 import sys
 from pathlib import Path
@@ -152,3 +154,76 @@ def test_weight_updates_amid_32_concurrent_agent_sessions_are_invisible_to_the_a
                 switched += len(set(answer_versions)) > 1
     assert switched > 0  # some episodes' tokens span a weight update
     assert stack.proxy.stats["reissues"] > 0  # answers suspended mid-way were finished after the update
+
+
+def score_cli(task: dict, result: dict) -> float:
+    """The CLI agent's reward: its printed answer mentions the task's answer."""
+    return float(str(task["answer"]) in result["stdout"])
+
+
+@pytest.mark.slow
+def test_a_command_line_agent_and_its_faults(formatter, tmp_path):
+    """A subprocess agent: a good run is scored from its output; a crash (its stderr recorded), a hang
+    past its timeout and a run that never calls the model each end their episode as env_error, and
+    no agent process outlives the run."""
+    import json
+    import subprocess
+
+    modes = ["", "crash", "hang", "silent", "", ""]
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text("".join(json.dumps({"id": i, "question": f"Say {i}", "answer": i, "mode": m}) + "\n"
+                             for i, m in enumerate(modes)))
+    spec = EnvSpec(id="roll_agent/Agent-v0", kwargs={
+        "command": [sys.executable, str(Path(__file__).parent / "cli_agent.py")], "tasks": str(tasks),
+        "reward": "tests.agents.test_agent_episodes:score_cli", "timeout_s": 20})
+    rollout = RolloutConfig(async_ratio=1, num_env_groups=2, groups_per_batch=2, group_size=2, group_size_redundancy=1,
+                            max_turns=2, max_new_tokens=32, max_context_tokens=1024)
+    stack = stack_for(formatter, answering(formatter, lambda text: "I say " + text.split("Say ")[-1].split("<")[0]),
+                      rollout=rollout, specs=[spec])
+
+    async def go():
+        managers = [stack.env_manager(f"cli-{i}", spec) for i in range(len(modes))]
+        try:
+            return await asyncio.gather(*(m.run_episode(seed=i) for i, m in enumerate(managers)))
+        finally:
+            for m in managers:
+                await m.close()
+            await stack.close()
+
+    episodes = run(go(), timeout=120)
+    by_mode = dict(zip(["ok0", "crash", "hang", "silent", "ok4", "ok5"], episodes))
+    for name in ("ok0", "ok4", "ok5"):
+        assert by_mode[name].status == Status.FINISHED and by_mode[name].reward == 1.0, by_mode[name].error
+    assert by_mode["crash"].status == Status.ENV_ERROR
+    assert "exited with code 3" in by_mode["crash"].error and "something went wrong" in by_mode["crash"].error
+    assert by_mode["hang"].status == Status.ENV_ERROR and "timeout_s=20" in by_mode["hang"].error
+    assert by_mode["silent"].status == Status.ENV_ERROR and "no model call" in by_mode["silent"].error
+    left = subprocess.run(["pgrep", "-f", "cli_agent.py"], capture_output=True, text=True).stdout.split()
+    assert not left, left
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_agent_episodes_train_under_ray(tmp_path, monkeypatch):
+    """runtime.type=ray: each env-worker actor serves its own endpoint to the agents it runs, the
+    driver one to the evaluation agents."""
+    pytest.importorskip("ray")
+    from roll_agent.metrics import read_rows
+    from roll_agent.run import train
+    from tests.runtime.test_ray_runtime import ray_cfg
+
+    root = Path(__file__).resolve().parents[2]
+    monkeypatch.setenv("PYTHONPATH", f"{root}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")  # the actors import the agent
+    tasks = str(EXAMPLE / "tasks.jsonl")
+    cfg = ray_cfg(tmp_path, "max_steps=2", "rollout.max_turns=4", "rollout.max_new_tokens=6",
+                  f"envs=[{{id: roll_agent/Agent-v0, kwargs: {{agent: 'tests.agents.agents_for_tests:editing_agent', "
+                  f"tasks: '{tasks}', timeout_s: 120}}}}]")
+    assert run(train(cfg), timeout=500) == 2
+    rows = read_rows(tmp_path / "metrics.jsonl")
+    steps = [r for r in rows if "loss" in r]
+    assert [r["version"] for r in steps] == [1, 2]
+    for r in steps:
+        assert r["agent_calls_per_episode"] == 3.0 and r["agent_segments_per_episode"] == 2.0
+        assert r["episodes_env_error"] == 0 and r["accounting_ok"]
+    evals = [r for r in rows if "eval_success_rate" in r]
+    assert evals and all(r["eval_episodes"] > 0 for r in evals)
