@@ -64,19 +64,46 @@ class AgentSpec:
             raise ValueError(f"cannot import the agent {self.function!r}: {exc} (is its module on PYTHONPATH?)") from exc
 
 
-async def run_agent(spec: AgentSpec, task: Any, base_url: str, api_key: str) -> Any:
+class HttpClients:
+    """The HTTP connection pools the function agents' openai clients share (one async, one for plain
+    functions in threads): a client of its own per episode would build an SSL context each time
+    (~60 ms) and open new connections."""
+
+    def __init__(self):
+        self._async = self._sync = None
+
+    def get(self, is_async: bool):
+        import openai
+
+        if is_async:
+            self._async = self._async or openai.DefaultAsyncHttpxClient()
+            return self._async
+        self._sync = self._sync or openai.DefaultHttpxClient()
+        return self._sync
+
+    async def close(self) -> None:
+        if self._async is not None:
+            await self._async.aclose()
+        if self._sync is not None:
+            self._sync.close()
+        self._async = self._sync = None
+
+
+async def run_agent(spec: AgentSpec, task: Any, base_url: str, api_key: str, http: HttpClients | None = None) -> Any:
+    """`http`: connection pools to share between runs (None: the run's client makes its own)."""
     if spec.function:
-        return await _run_function(spec, task, base_url, api_key)
+        return await _run_function(spec, task, base_url, api_key, http)
     return await _run_command(spec, task, base_url, api_key)
 
 
-async def _run_function(spec: AgentSpec, task: Any, base_url: str, api_key: str) -> Any:
+async def _run_function(spec: AgentSpec, task: Any, base_url: str, api_key: str, http: HttpClients | None) -> Any:
     import openai
 
     fn = spec.load()
     is_async = inspect.iscoroutinefunction(fn)
     kind = openai.AsyncOpenAI if is_async else openai.OpenAI
-    client = kind(base_url=base_url, api_key=api_key, max_retries=0, timeout=spec.timeout_s)
+    client = kind(base_url=base_url, api_key=api_key, max_retries=0, timeout=spec.timeout_s,
+                  http_client=http.get(is_async) if http is not None else None)
     try:
         async with asyncio.timeout(spec.timeout_s):
             if is_async:
@@ -88,9 +115,10 @@ async def _run_function(spec: AgentSpec, task: Any, base_url: str, api_key: str)
         tail = "".join(traceback.format_exception(exc))[-TAIL_CHARS:]
         raise AgentError(f"the agent {spec.function} raised {type(exc).__name__}: {exc}\n{tail}") from exc
     finally:
-        closing = client.close()
-        if inspect.isawaitable(closing):
-            await closing
+        if http is None:  # a shared pool stays open for the next run
+            closing = client.close()
+            if inspect.isawaitable(closing):
+                await closing
 
 
 async def _run_command(spec: AgentSpec, task: Any, base_url: str, api_key: str) -> dict:

@@ -29,8 +29,10 @@ import json
 import logging
 import secrets
 import time
+from collections import Counter
 
 from roll_agent.agents import openai_api as api
+from roll_agent.agents.runner import HttpClients
 from roll_agent.agents.sessions import Call, Session
 from roll_agent.config import EndpointConfig, RolloutConfig
 from roll_agent.types import GenerateRequest, GenerateResult, SamplingParams, Trajectory
@@ -47,13 +49,16 @@ class AgentEndpoint:
         self.cfg = cfg or EndpointConfig()
         self.parse_tools = api.tool_parser(self.cfg.tool_parser)
         self.sessions: dict[str, Session] = {}
+        self._ended: dict[str, None] = {}  # keys of sessions closed lately, oldest first
         self.port = 0
         self.stats = {"requests": 0, "errors": 0, "ended": 0}
+        self.error_codes: Counter = Counter()  # errors answered, by code
         self.latency_s: list[float] = []  # the endpoint's own time per answered call, outside the proxy
         self._server = None
         self._serving: asyncio.Task | None = None
         self._starting: asyncio.Lock | None = None
         self._closing = False
+        self.http = HttpClients()  # the connection pools function agents' openai clients share
 
     # ---- lifecycle -------------------------------------------------------------------------
     async def start(self) -> None:
@@ -90,6 +95,7 @@ class AgentEndpoint:
         self._closing = True
         for session in list(self.sessions.values()):
             session.close()
+        await self.http.close()
         if self._server is not None:
             self._server.should_exit = True
             await asyncio.gather(self._serving, return_exceptions=True)
@@ -105,6 +111,9 @@ class AgentEndpoint:
     def close_session(self, session: Session) -> None:
         session.close()
         self.sessions.pop(session.key, None)
+        self._ended[session.key] = None  # a request of it still on the wire is answered as ended, not unknown
+        while len(self._ended) > 10_000:
+            self._ended.pop(next(iter(self._ended)))
 
     # ---- the app ---------------------------------------------------------------------------
     def app(self):
@@ -146,6 +155,7 @@ class AgentEndpoint:
             # its agent was cancelled with it and sees no answer
             self.stats["ended" if exc.code == "session_ended" else "errors"] += 1
             if exc.code != "session_ended":
+                self.error_codes[exc.code or str(exc.status)] += 1
                 log.debug("agent endpoint: %s %s", exc.status, exc.message)
             return JSONResponse(exc.body(), status_code=exc.status)
 
@@ -158,8 +168,10 @@ class AgentEndpoint:
                 raise api.APIError(401, "No session key: use the episode's base URL (.../s/<key>/v1) or its API key.",
                                    "authentication_error")
         session = self.sessions.get(key)
-        if session is None or session.closed:
-            raise api.APIError(404, "Unknown or ended session: its episode is over, or the key is wrong.",
+        if key in self._ended or (session is not None and session.closed):
+            raise api.APIError(404, "The session's episode has ended.", "not_found_error", code="session_ended")
+        if session is None:
+            raise api.APIError(404, "Unknown session: the key is wrong, or its episode ended long ago.",
                                "not_found_error", code="session_not_found")
         return session
 

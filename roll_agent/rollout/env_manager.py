@@ -210,7 +210,8 @@ class EnvManager:
         t0 = time.perf_counter()
         try:
             try:
-                result = await run_agent(agent, task, self.endpoint.session_url(session), session.key)
+                result = await run_agent(agent, task, self.endpoint.session_url(session), session.key,
+                                         self.endpoint.http)
             except AgentError as exc:
                 if not session.truncated:  # a failure, not the agent giving up at a turn or context limit
                     raise EnvStepError(str(exc)) from exc

@@ -108,7 +108,7 @@ def test_the_session_key_as_api_key_and_errors_for_unknown_or_missing_keys(forma
             ok = openai.AsyncOpenAI(base_url=base, api_key=session.key)
             reply = await ok.chat.completions.create(model="m", messages=[{"role": "user", "content": "hello"}])
             wrong = openai.AsyncOpenAI(base_url=base, api_key="ra-no-such-session")
-            with pytest.raises(openai.NotFoundError, match="Unknown or ended session"):
+            with pytest.raises(openai.NotFoundError, match="Unknown session"):
                 await wrong.chat.completions.create(model="m", messages=[{"role": "user", "content": "hello"}])
             async with httpx.AsyncClient() as raw:
                 missing = await raw.post(f"{base}/chat/completions", json={"messages": []})

@@ -1,0 +1,169 @@
+"""The agent endpoint's cost, side by side in one run, on the scripted engine.
+
+1. Latency per call: N sequential chat calls through the endpoint (raw HTTP over loopback with a
+   kept-alive httpx client, on the same event loop as the server: the client's own cost counts
+   against the endpoint) against N calls of `LLMProxy.generate` with the same prompt tokens. The
+   difference of the medians (and of the 99th percentiles) is what the endpoint adds per call:
+   chat-template rendering, the session's token bookkeeping, JSON and HTTP.
+2. Throughput: `--sessions` (default 256) concurrent agent episodes through the endpoint (a
+   three-call agent written with the openai SDK: each call sends its history plus one new user
+   turn) against the same three-turn task played as a native env (roll_agent/Simulated-v0: three
+   observations, three answers), both by the real GroupScheduler in groups of 8, batches taken
+   as soon as they are ready. Episodes/s at zero model latency (pure overhead, the worst case
+   for the endpoint), at `--model-latency-s` per call (sleeping, no CPU), and with the default
+   run's real model: the tiny Qwen2 (random weights) on the hf engine, which uses the CPU the
+   agents' HTTP work also needs (the headline: what a user's run on this machine gets).
+
+    PYTHONPATH=$PWD .venv/bin/python benchmarks/agent_endpoint.py [--calls 500 --sessions 256 --batches 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.common import build_stack, consume, make_formatter, result_line, sim_spec, table  # noqa: E402
+from roll_agent.config import EnvSpec, RolloutConfig, ScriptedEngineConfig  # noqa: E402
+from roll_agent.types import GenerateRequest, SamplingParams, Trajectory  # noqa: E402
+
+TURNS = 3
+
+
+async def three_turn_agent(task: dict, client) -> float:
+    """The agent arm's agent: three calls, the history growing by one answer and one user turn each."""
+    messages = [{"role": "system", "content": "Answer with any text. This env is simulated."},
+                {"role": "user", "content": f"task {task['id']} step 0"}]
+    for step in range(1, TURNS + 1):
+        reply = await client.chat.completions.create(model="m", messages=messages)
+        messages += [{"role": "assistant", "content": reply.choices[0].message.content},
+                     {"role": "user", "content": f"task {task['id']} step {step}"}]
+    return 1.0
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+async def latency(formatter, calls: int) -> dict:
+    import httpx
+
+    rollout = RolloutConfig(max_new_tokens=4, max_context_tokens=4096, max_turns=calls + 100)
+    stack = build_stack(formatter, rollout, [sim_spec()], ScriptedEngineConfig(response_tokens=4), num_engines=1)
+    try:
+        await stack.endpoint.start()
+        session = stack.endpoint.open_session("bench", Trajectory())
+        url = stack.endpoint.session_url(session) + "/chat/completions"
+        body = {"model": "m", "messages": [{"role": "system", "content": "Answer with any text."},
+                                           {"role": "user", "content": "task 1 step 0"}]}
+        text = formatter.tokenizer.apply_chat_template(body["messages"], tokenize=False, add_generation_prompt=True)
+        ids = formatter.encode(text)
+        sampling = SamplingParams(max_new_tokens=4, stop_token_ids=formatter.stop_token_ids)
+        direct, through = [], []
+        async with httpx.AsyncClient() as client:
+            for i in range(calls + 20):  # alternate the two, the first 20 of each as warm-up
+                t0 = time.perf_counter()
+                await stack.proxy.generate(GenerateRequest(list(ids), sampling, "bench-direct"))
+                t1 = time.perf_counter()
+                answer = await client.post(url, json=body)
+                t2 = time.perf_counter()
+                assert answer.status_code == 200, answer.text
+                if i >= 20:
+                    direct.append(t1 - t0)
+                    through.append(t2 - t1)
+        return {"direct_p50_ms": 1e3 * statistics.median(direct), "direct_p99_ms": 1e3 * percentile(direct, 0.99),
+                "endpoint_p50_ms": 1e3 * statistics.median(through),
+                "endpoint_p99_ms": 1e3 * percentile(through, 0.99),
+                "server_p50_ms": 1e3 * statistics.median(stack.endpoint.latency_s[20:])}
+    finally:
+        await stack.close()
+
+
+def tiny_model(out: Path):
+    """The default run's model architecture (random weights) with the benchmark's tokenizer."""
+    from roll_agent.config import TinyModelConfig
+    from roll_agent.tiny_model import build_tiny_model
+
+    corpus = lambda: ["Answer with any text. This env is simulated.", "task 123456 step 7", "left right up down"] * 20  # noqa: E731
+    return build_tiny_model(out, TinyModelConfig(), corpus)
+
+
+async def throughput(formatter, arm: str, sessions: int, batches: int, latency_s: float, tasks: Path,
+                     model: Path | None = None) -> dict:
+    groups = sessions // 8
+    rollout = RolloutConfig(async_ratio=2, num_env_groups=groups, groups_per_batch=groups, group_size=8,
+                            group_size_redundancy=0, max_turns=TURNS, max_new_tokens=8 if model else 4,
+                            max_context_tokens=2048, prepare_next_reset=False)
+    if arm == "native":
+        spec = sim_spec(latency="none", episode_len=TURNS)
+    else:
+        spec = EnvSpec(id="roll_agent/Agent-v0", kwargs={"agent": "benchmarks.agent_endpoint:three_turn_agent",
+                                                         "tasks": str(tasks), "timeout_s": 600})
+    if model is not None:
+        from roll_agent.config import EngineConfig, ModelConfig, ProxyConfig
+        from roll_agent.proxy.engines import make_engines
+        from roll_agent.rollout.stack import build_rollout
+
+        engines = make_engines(EngineConfig(type="hf"), ModelConfig(), str(model))
+        stack = build_rollout(formatter, rollout, [spec], engines, ProxyConfig())
+    else:
+        stack = build_stack(formatter, rollout, [spec], ScriptedEngineConfig(response_tokens=4, latency_s=latency_s))
+    episodes = []
+    seconds, fills = await consume(stack, batches + 1, lambda v, batch: episodes.append(
+        sum(len(g.trajectories) for g in batch)))
+    steady = seconds - fills[0]  # the first batch builds the envs (and starts the endpoint): apart
+    return {"episodes_per_s": sum(episodes[1:]) / steady, "episodes": sum(episodes[1:]), "seconds": steady,
+            "errors": stack.endpoint.stats["errors"], "error_codes": dict(stack.endpoint.error_codes)}
+
+
+async def main(args) -> None:
+    formatter = make_formatter()
+    lat = await latency(formatter, args.calls)
+    print(table([("LLMProxy.generate", lat["direct_p50_ms"], lat["direct_p99_ms"]),
+                 ("endpoint (HTTP round trip)", lat["endpoint_p50_ms"], lat["endpoint_p99_ms"])],
+                ("per call", "p50 ms", "p99 ms")))
+    added_p50 = lat["endpoint_p50_ms"] - lat["direct_p50_ms"]
+    added_p99 = lat["endpoint_p99_ms"] - lat["direct_p99_ms"]
+    print(f"added by the endpoint: p50 {added_p50:.2f} ms, p99 {added_p99:.2f} ms "
+          f"(server side alone, p50: {lat['server_p50_ms']:.2f} ms; target p50 <= 2 ms)\n", flush=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        tasks = Path(tmp) / "tasks.jsonl"
+        tasks.write_text("".join(json.dumps({"id": i}) + "\n" for i in range(1000)))
+        rows, ratios = [], {}
+        model = tiny_model(Path(tmp) / "model")
+        from roll_agent.rollout.chat import ChatFormatter
+        from transformers import AutoTokenizer
+
+        arms = [("tiny model (hf)", 0.0, model), ("scripted, 0 ms", 0.0, None),
+                (f"scripted, {args.model_latency_s * 1e3:.0f} ms", args.model_latency_s, None)]
+        for name, latency_s, path in arms:
+            fmt = ChatFormatter(AutoTokenizer.from_pretrained(path)) if path else formatter
+            native = await throughput(fmt, "native", args.sessions, args.batches, latency_s, tasks, path)
+            agent = await throughput(fmt, "agent", args.sessions, args.batches, latency_s, tasks, path)
+            ratios[name] = agent["episodes_per_s"] / native["episodes_per_s"]
+            rows += [(f"native env, {name}", native["episodes_per_s"], native["episodes"], 0),
+                     (f"agent via endpoint, {name}", agent["episodes_per_s"], agent["episodes"], agent["errors"])]
+            print(f"{args.sessions} sessions, {name}: agent/native {ratios[name]:.2f}x", flush=True)
+    print(table(rows, ("arm", "episodes/s", "episodes", "endpoint errors")))
+    names = [name for name, _, _ in arms]
+    print(result_line(agent_vs_native=ratios[names[0]], added_p50_ms=added_p50, added_p99_ms=added_p99,
+                      server_p50_ms=lat["server_p50_ms"], sessions=args.sessions,
+                      agent_vs_native_scripted=ratios[names[1]], agent_vs_native_scripted_latency=ratios[names[2]],
+                      model_latency_ms=args.model_latency_s * 1e3))
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--calls", type=int, default=500)
+    parser.add_argument("--sessions", type=int, default=256)
+    parser.add_argument("--batches", type=int, default=3)
+    parser.add_argument("--model-latency-s", type=float, default=0.05)
+    asyncio.run(main(parser.parse_args()))
