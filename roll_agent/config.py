@@ -82,6 +82,9 @@ class ScriptedEngineConfig:
     """The deterministic fake engine (tests and benchmarks only)."""
 
     response_tokens: int = 4  # tokens per response when no script is given
+    # a replay: module:function, prompt text -> response text (the model's tokenizer frames both);
+    # empty: each token is a hash of the context before it
+    script: str = ""
     latency_s: float = 0.0  # per request
     token_latency_s: float = 0.0  # per generated token
     # fault injection (seeded by engine seed and request count, so runs are reproducible)

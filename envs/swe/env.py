@@ -158,6 +158,24 @@ class SWEEnv(gymnasium.Env):
         obs = f"Submitted ({how}). Grade: {result.status}" + (f" ({result.reason})" if result.reason else "")
         return clean(obs), float(result.reward), how == "submitted", how == "turn_limit", info
 
+    def evaluate(self, result=None) -> tuple[float, dict]:
+        """Grade the work in the sandbox now, as a submit would: for an agent that ran its own loop
+        in this env's sandbox (roll_agent/Agent-v0 with this env as its task_env); `result` unused."""
+        if self._sandbox is None:
+            raise RuntimeError("evaluate() before reset() (or after the episode ended): call reset() first")
+        try:
+            _, reward, _, _, info = self._finish("submitted")
+        except SandboxError as exc:
+            self.status = "sandbox_error"
+            self._release()
+            raise SWEEpisodeError("sandbox_error", f"the sandbox died: {exc}") from exc
+        return reward, info
+
+    @property
+    def sandbox(self):
+        """The episode's running sandbox (None between episodes), the repository at `self.instance.workdir`."""
+        return self._sandbox
+
     def _info(self, success: bool, invalid: bool) -> dict:
         return {"success": success, "invalid_action": invalid, "instance_id": self.instance.instance_id,
                 "steps": self._steps}

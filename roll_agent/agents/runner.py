@@ -45,6 +45,7 @@ class AgentSpec:
     timeout_s: float = 600.0
     cwd: str | None = None
     env: dict[str, str] = field(default_factory=dict)  # extra environment variables for a command
+    kwargs: dict[str, Any] = field(default_factory=dict)  # keyword arguments for a function
 
     def __post_init__(self) -> None:
         if isinstance(self.command, str):
@@ -107,8 +108,8 @@ async def _run_function(spec: AgentSpec, task: Any, base_url: str, api_key: str,
     try:
         async with asyncio.timeout(spec.timeout_s):
             if is_async:
-                return await fn(task, client)
-            return await asyncio.to_thread(fn, task, client)
+                return await fn(task, client, **spec.kwargs)
+            return await asyncio.to_thread(fn, task, client, **spec.kwargs)
     except TimeoutError as exc:
         raise AgentError(f"the agent {spec.function} did not finish within timeout_s={spec.timeout_s:.0f}s") from exc
     except Exception as exc:
@@ -122,6 +123,8 @@ async def _run_function(spec: AgentSpec, task: Any, base_url: str, api_key: str,
 
 
 async def _run_command(spec: AgentSpec, task: Any, base_url: str, api_key: str) -> dict:
+    if isinstance(task, dict):  # the live task env (for function agents) does not travel as JSON
+        task = {k: v for k, v in task.items() if k != "env"}
     payload = json.dumps(task)
     with tempfile.NamedTemporaryFile("w", suffix=".json", prefix="roll-agent-task-", delete=False) as f:
         f.write(payload)

@@ -15,9 +15,12 @@ agent against its session instead of asking the model itself.
           timeout_s: 300
 
 Tasks from a gymnasium env instead of a file: `task_env: module:Name-v0` (and
-`task_env_kwargs`): its `reset(seed)` gives the task ({prompt, instructions, seed}), and
+`task_env_kwargs`): its `reset(seed)` gives the task ({prompt, instructions, seed, env}), and
 `step(answer)` with the agent's result (as text) gives the reward, or its `evaluate(result)`
-when it has one.
+when it has one (a reward, or (reward, info)). `task["env"]` is that env itself, for a function
+agent that acts in it (roll_agent/agents/mini_swe_agent.py runs its commands in the SWE env's
+sandbox); a command agent's JSON task leaves it out. `agent_kwargs` are passed to a function
+agent as keyword arguments.
 """
 
 from __future__ import annotations
@@ -51,9 +54,9 @@ class AgentTaskEnv(gymnasium.Env):
 
     def __init__(self, agent: str = "", command: list[str] | str = "", tasks: str = "", reward: str = "",
                  task_env: str = "", task_env_kwargs: dict | None = None, timeout_s: float = 600.0,
-                 cwd: str | None = None, env: dict | None = None):
+                 cwd: str | None = None, env: dict | None = None, agent_kwargs: dict | None = None):
         self.agent = AgentSpec(function=agent, command=command or [], timeout_s=timeout_s, cwd=cwd,
-                               env={str(k): str(v) for k, v in (env or {}).items()})
+                               env={str(k): str(v) for k, v in (env or {}).items()}, kwargs=dict(agent_kwargs or {}))
         if bool(tasks) == bool(task_env):
             raise ValueError("an agent env needs exactly one task source: tasks (a JSONL file) or task_env (a gymnasium id)")
         self.observation_space = _TEXT
@@ -75,7 +78,8 @@ class AgentTaskEnv(gymnasium.Env):
         seed = 0 if seed is None else int(seed)
         if self.inner is not None:
             obs, info = self.inner.reset(seed=seed)
-            self.task = {"prompt": str(obs), "instructions": str(info.get("instructions", "")), "seed": seed}
+            self.task = {"prompt": str(obs), "instructions": str(info.get("instructions", "")), "seed": seed,
+                         "env": self.inner.unwrapped}
         else:
             self.task = self.tasks[seed % len(self.tasks)]
         prompt = self.task.get("prompt") if isinstance(self.task, dict) else None
@@ -91,6 +95,8 @@ class AgentTaskEnv(gymnasium.Env):
             evaluate = getattr(self.inner.unwrapped, "evaluate", None)
             if evaluate is not None:
                 reward = evaluate(result)
+                if isinstance(reward, tuple):
+                    reward, info = reward
             else:
                 _, reward, _, _, info = self.inner.step(result if isinstance(result, str) else json.dumps(result))
         elif isinstance(result, numbers.Real) and not isinstance(result, bool):

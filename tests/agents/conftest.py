@@ -51,3 +51,7 @@ async def session_of(stack, env_id: str = "agent-test"):
         yield session, stack.endpoint.session_url(session)
     finally:
         stack.endpoint.close_session(session)
+
+
+# the SWE task fixtures (a tiny real project with a bug, its docker image, bwrap's rootfs) for mini-swe-agent
+from tests.swe.conftest import swe_bwrap, swe_image, swe_instance, swe_project  # noqa: E402,F401
