@@ -227,3 +227,24 @@ def test_agent_episodes_train_under_ray(tmp_path, monkeypatch):
         assert r["episodes_env_error"] == 0 and r["accounting_ok"]
     evals = [r for r in rows if "eval_success_rate" in r]
     assert evals and all(r["eval_episodes"] > 0 for r in evals)
+
+
+@pytest.mark.slow
+def test_the_example_agent_trains_from_its_config_alone(tmp_path):
+    """examples/openai_agent: `python -m roll_agent.run --config ...` with the agent's module on PYTHONPATH."""
+    import subprocess
+
+    from roll_agent.metrics import read_rows
+    from tests.test_run import SMALL
+
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "PYTHONPATH": f"{EXAMPLE}{os.pathsep}{root}"}
+    cmd = [sys.executable, "-m", "roll_agent.run", "--config", "examples/openai_agent/config.yaml", *SMALL,
+           f"output_dir={tmp_path}", "max_steps=2", "rollout.max_new_tokens=8"]
+    done = subprocess.run(cmd, cwd=root, env=env, capture_output=True, timeout=400)
+    assert done.returncode == 0, done.stderr.decode()[-3000:]
+    rows = read_rows(tmp_path / "metrics.jsonl")
+    steps = [r for r in rows if "loss" in r]
+    assert [r["version"] for r in steps] == [1, 2]
+    assert all(r["agent_calls_per_episode"] >= 1 and r["episodes_env_error"] == 0 for r in steps)
+    assert any(r.get("eval_success_rate") is not None for r in rows)
