@@ -66,14 +66,18 @@ RULES = [
     ("roll_agent.proxy", "roll_agent.rollout", ()), ("roll_agent.proxy", "roll_agent.train", ()),
     ("roll_agent.train", "roll_agent.rollout", ()), ("roll_agent.train", "roll_agent.proxy", ()),
     ("roll_agent.rollout", "roll_agent.train", ()),
+    # the agent endpoint serves through the proxy's contract; it knows no trainer
+    ("roll_agent.agents", "roll_agent.train", ()), ("roll_agent.agents", "roll_agent.proxy", ()),
     # weight syncs know the engines' and the trainer's contracts only
     *[("roll_agent.sync", layer, ()) for layer in ("roll_agent.proxy", "roll_agent.rollout", "roll_agent.train")],
     # the composition: only run.py opens a runtime; no component knows where it runs
     *[(component, "roll_agent.runtime", ()) for component in (
         "roll_agent.proxy", "roll_agent.rollout", "roll_agent.train", "roll_agent.sync", "roll_agent.controller",
-        "roll_agent.checkpoint", "roll_agent.metrics", "roll_agent.watchdog", "roll_agent.config", "envs")],
+        "roll_agent.checkpoint", "roll_agent.metrics", "roll_agent.watchdog", "roll_agent.config", "roll_agent.agents",
+        "envs")],
     *[(component, "roll_agent.controller", ()) for component in (
-        "roll_agent.proxy", "roll_agent.rollout", "roll_agent.train", "roll_agent.sync", "roll_agent.runtime")],
+        "roll_agent.proxy", "roll_agent.rollout", "roll_agent.train", "roll_agent.sync", "roll_agent.runtime",
+        "roll_agent.agents")],
     ("roll_agent", "roll_agent.run", ()),  # the entry point is imported by nothing of ours
 ]
 

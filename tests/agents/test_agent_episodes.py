@@ -248,3 +248,73 @@ def test_the_example_agent_trains_from_its_config_alone(tmp_path):
     assert [r["version"] for r in steps] == [1, 2]
     assert all(r["agent_calls_per_episode"] >= 1 and r["episodes_env_error"] == 0 for r in steps)
     assert any(r.get("eval_success_rate") is not None for r in rows)
+
+
+async def reverse_agent(task: dict, client) -> str:
+    """Answers the task env's prompt in one call; the task env's step scores the answer."""
+    reply = await client.chat.completions.create(model="m", messages=[
+        {"role": "system", "content": task["instructions"]}, {"role": "user", "content": task["prompt"]}])
+    return reply.choices[0].message.content
+
+
+def test_tasks_from_a_gymnasium_env_scored_by_its_step(formatter):
+    """task_env: a built-in env's reset gives the task, its step(answer) the reward."""
+    def reverse(text: str) -> str:  # the model answers right for odd-length words only
+        letters = text.split("Reverse: ")[-1].split("<")[0].split()
+        return " ".join(letters[::-1]) if len(letters) % 2 else " ".join(letters)
+
+    spec = EnvSpec(id="roll_agent/Agent-v0", kwargs={"agent": "tests.agents.test_agent_episodes:reverse_agent",
+                                                     "task_env": "roll_agent/ReverseLetters-v0", "timeout_s": 30})
+    stack = stack_for(formatter, answering(formatter, reverse), rollout=ROLLOUT, specs=[spec])
+
+    async def go():
+        try:
+            return await train_loop(stack, steps=2)
+        finally:
+            await stack.close()
+
+    consumed = run(go(), timeout=120)
+    episodes = [t for _, batch in consumed for g in batch for t in g.trajectories]
+    assert episodes and all(t.status == Status.FINISHED for t in episodes)
+    for t in episodes:
+        letters = formatter.tokenizer.decode(t.token_ids[:t.prompt_len]).split("Reverse: ")[-1].split("<")[0].split()
+        assert (t.reward == 1.0) == (len(letters) % 2 == 1 or letters == letters[::-1])
+
+
+def test_a_cancelled_command_agent_is_killed_with_its_children(formatter, tmp_path):
+    """A redundant episode cancelled mid-run: its agent process (and what it started) is gone."""
+    import subprocess
+
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text('{"id": 0}\n')
+    script = tmp_path / "stubborn_agent.py"
+    script.write_text("import subprocess, sys, time\n"
+                      "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)  # stubborn child'])\n"
+                      "print('started', flush=True)\ntime.sleep(600)\n")
+    spec = EnvSpec(id="roll_agent/Agent-v0", kwargs={"command": [sys.executable, str(script)], "tasks": str(tasks),
+                                                     "reward": "tests.agents.test_agent_episodes:score_cli"})
+    stack = stack_for(formatter, answering(formatter, lambda _: "x"), specs=[spec])
+
+    def running() -> list[str]:
+        return subprocess.run(["pgrep", "-f", "stubborn"], capture_output=True, text=True).stdout.split()
+
+    async def go():
+        manager = stack.env_manager("cancel-me", spec)
+        episode = asyncio.create_task(manager.run_episode(seed=0))
+        for _ in range(200):
+            if len(running()) >= 2:  # the agent and its child
+                break
+            await asyncio.sleep(0.05)
+        started = len(running())
+        episode.cancel()
+        await asyncio.gather(episode, return_exceptions=True)
+        await manager.close()
+        await stack.close()
+        for _ in range(100):
+            if not running():
+                break
+            await asyncio.sleep(0.05)
+        return started
+
+    assert run(go(), timeout=60) >= 2
+    assert not running()

@@ -176,3 +176,32 @@ def test_a_client_that_goes_away_has_its_request_aborted(formatter):
     aborted, session, inflight = run(go())
     assert aborted and inflight == 0
     assert session.calls == 0 and not session.segments[0:]  # nothing of the abandoned call is recorded
+
+
+def test_completions_with_text_and_token_prompts_and_503_while_shutting_down(formatter):
+    SEEN.clear()
+    stack = stack_for(formatter, recording(formatter, lambda _: " world"))
+
+    async def go():
+        async with session_of(stack) as (session, url):
+            client = openai.AsyncOpenAI(base_url=url, api_key="x")
+            text = await client.completions.create(model="m", prompt="hello", max_tokens=16, logprobs=1)
+            ids = session.segments[0].traj.token_ids + formatter.encode(" again")
+            more = await client.completions.create(model="m", prompt=ids, max_tokens=16)
+            await stack.endpoint.close()  # shutting down: new requests are refused, not dropped
+            async with httpx.AsyncClient() as raw:
+                try:
+                    late = await raw.post(f"{url}/completions", json={"prompt": "x"})
+                except httpx.HTTPError as exc:  # the server may already be gone
+                    late = exc
+            await client.close()
+            return text, more, session, late
+
+    text, more, session, late = run(go())
+    assert text.choices[0].text == " world" and len(text.choices[0].logprobs.tokens) > 0
+    assert more.choices[0].text == " world"
+    # the token-id prompt started with the first call's tokens: one segment, extended
+    assert (session.calls, len(session.segments), session.extended) == (2, 1, 1)
+    assert session.segments[0].traj.token_ids[:len(SEEN[-1])] == SEEN[-1]
+    if isinstance(late, httpx.Response):
+        assert late.status_code == 503 and "shutting down" in late.json()["error"]["message"]
