@@ -196,10 +196,10 @@ class AgentEndpoint:
             session.truncated = "context"
             raise api.APIError(400, f"The prompt is {prompt_len} tokens; rollout.max_context_tokens is "
                                f"{self.rollout.max_context_tokens}.", param="messages", code="context_length_exceeded")
-        asked = req.token_limit or self.rollout.max_new_tokens
+        cap = self.rollout.max_new_tokens  # as for env episodes: what the run allows per answer
         honor = self.cfg.honor_sampling
         return SamplingParams(
-            max_new_tokens=min(asked, budget),
+            max_new_tokens=min(req.token_limit or cap, cap, budget),
             temperature=req.temperature if honor and req.temperature is not None else self.rollout.temperature,
             top_p=req.top_p if honor and req.top_p is not None else self.rollout.top_p,
             greedy=session.greedy or (honor and req.temperature == 0),
