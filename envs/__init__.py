@@ -64,6 +64,9 @@ BUILTIN_ENVS: dict[str, tuple[str, dict[str, Any]]] = {
         "envs.swe.env:SWEEnv",
         {"dataset": None, "sandbox": "docker", "max_steps": 20, "partial_credit": False},
     ),
+    # a user's own agent (a function or a command) run per episode against roll_agent's endpoint;
+    # its code is roll_agent's (roll_agent/agents/task_env.py), needs the `agents` extra and kwargs
+    "roll_agent/Agent-v0": ("roll_agent.agents.task_env:AgentTaskEnv", {}),
 }
 
 

@@ -11,12 +11,6 @@ import gymnasium
 from roll_agent.config import ConfigError, EnvSpec
 
 
-# an agent's runs as episodes (roll_agent/agents/task_env.py); a lazy entry point, imported when made
-AGENT_ENV_ID = "roll_agent/Agent-v0"
-if AGENT_ENV_ID not in gymnasium.registry:
-    gymnasium.register(AGENT_ENV_ID, entry_point="roll_agent.agents.task_env:AgentTaskEnv")
-
-
 def make_env(spec: EnvSpec) -> gymnasium.Env:
     import envs  # noqa: F401  registers the built-in envs
 

@@ -24,6 +24,8 @@ IDS = envs.registered_ids()
 def test_builtin_env_trains_two_steps(tmp_path, env_id, request):
     if env_id == "roll_agent/SWE-v0":
         pytest.skip("needs a task dataset and its docker images: tests/swe/test_swe_training.py trains it")
+    if env_id == "roll_agent/Agent-v0":
+        pytest.skip("needs an agent and tasks: tests/agents/test_agent_episodes.py trains it")
     kwargs = ""
     if env_id in TEXTWORLD_IDS:  # games generated once for the run (the default would generate one per episode)
         cache = request.getfixturevalue("textworld_games")
