@@ -16,7 +16,7 @@ if importlib.util.find_spec("alfworld") is None:  # not importorskip: importing 
     pytest.skip("alfworld is not installed (pip install -e '.[envs]')", allow_module_level=True)
 
 import envs  # noqa: E402,F401  registers the ids
-from envs.alfworld_env import ALFWorldEnv, find_games, generate, main, scene_tasks  # noqa: E402
+from envs.alfworld_env import ALFWorldEnv, find_games, generate, scene_tasks  # noqa: E402
 from roll_agent.check_env import GARBAGE_ACTIONS, check_text_env  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
@@ -146,6 +146,22 @@ def test_scene_tasks_of_the_real_scene():
 
 @pytest.mark.slow
 def test_generated_games_are_won_through_the_env(tmp_path):
+    """In a fresh interpreter: textworld's PDDL engine loads and unloads a copy of fast-downward's
+    libdownward.so per env, and after many of those in one long process (the whole suite, every
+    test module imported) a later load crashed inside it here (a segfault at the same offset of
+    libdownward.so, 3 of 3 full runs; never in a process of its own). The env worker processes
+    keep training runs out of that."""
+    import subprocess
+    import sys
+
+    code = ("import sys; from pathlib import Path; from tests.envs.test_alfworld import check_generated_games; "
+            "check_generated_games(Path(sys.argv[1]))")
+    done = subprocess.run([sys.executable, "-c", code, str(tmp_path)], cwd=REPO, capture_output=True, text=True,
+                          timeout=500, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
+
+
+def check_generated_games(tmp_path: Path) -> None:
     # Read-only source, as shared/ is: generation only reads it.
     made = generate(DATA, tmp_path / "gen", new_tasks=1, seed=1, log=lambda *_: None)
     assert len(made) == 2 and not list((tmp_path / "gen").glob("**/.*"))
@@ -166,10 +182,17 @@ def test_generated_games_are_won_through_the_env(tmp_path):
 
 
 @pytest.mark.slow
-def test_generate_command(tmp_path, capsys):
+def test_generate_command(tmp_path):
+    import subprocess
+    import sys
+
     src = tmp_path / "src"
     shutil.copytree(DATA, src)  # without logic/: the wheel's copy of the domain is used
     shutil.rmtree(src / "logic")
-    assert main(["generate", "--data-dir", str(src), "--out", str(tmp_path / "out"), "--new-tasks", "0"]) == 0
-    assert capsys.readouterr().out.strip().endswith(f"1 games written under {tmp_path / 'out'}")
+    # the command as a user runs it, in its own interpreter (see test_generated_games_are_won_through_the_env)
+    done = subprocess.run([sys.executable, "-m", "envs.alfworld_env", "generate", "--data-dir", str(src), "--out",
+                           str(tmp_path / "out"), "--new-tasks", "0"], cwd=REPO, capture_output=True, text=True,
+                          timeout=300, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip().endswith(f"1 games written under {tmp_path / 'out'}")
     assert check_text_env("roll_agent/ALFWorld-v0", data_dir=str(tmp_path / "out"))
