@@ -241,6 +241,9 @@ class EnvSpec:
     def __post_init__(self) -> None:
         if self.workers is not None and self.workers < 0:
             raise ConfigError(f"envs[].workers must be >= 0 (0: no worker processes), got {self.workers}")
+        if self.id == "roll_agent/Agent-v0" and self.workers:
+            raise ConfigError("envs[].workers is not for roll_agent/Agent-v0: its agents run beside the endpoint "
+                              "they call (a command agent is a process of its own already); remove workers")
 
     @property
     def name(self) -> str:

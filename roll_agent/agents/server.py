@@ -231,7 +231,9 @@ class AgentEndpoint:
             result = gen.result()
             session.finish(call, result)
             return result
-        except BaseException:
+        except BaseException:  # failed, or this handler cancelled (the server closing): nothing is recorded
+            if not gen.done():
+                gen.cancel()
             session.abandon(call)
             raise
         finally:

@@ -318,3 +318,10 @@ def test_a_cancelled_command_agent_is_killed_with_its_children(formatter, tmp_pa
 
     assert run(go(), timeout=60) >= 2
     assert not running()
+
+
+def test_an_agent_env_in_worker_processes_is_a_config_error():
+    from roll_agent.config import ConfigError, load_config
+
+    with pytest.raises(ConfigError, match="workers is not for roll_agent/Agent-v0"):
+        load_config(overrides=["envs=[{id: roll_agent/Agent-v0, workers: 2, kwargs: {agent: 'a:b', tasks: t}}]"])
