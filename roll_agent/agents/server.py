@@ -103,7 +103,7 @@ class AgentEndpoint:
 
     # ---- sessions --------------------------------------------------------------------------
     def open_session(self, env_id: str, traj: Trajectory, greedy: bool = False) -> Session:
-        session = Session(key=f"ra-{secrets.token_hex(16)}", env_id=env_id, traj=traj, tokenizer=self.tokenizer,
+        session = Session(key=f"ra-{secrets.token_hex(16)}", env_id=env_id, traj=traj, formatter=self.formatter,
                           greedy=greedy, max_calls=self.rollout.max_turns)
         self.sessions[session.key] = session
         return session

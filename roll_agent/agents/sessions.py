@@ -44,7 +44,7 @@ class Session:
     key: str
     env_id: str  # the proxy's env id: sticky routing and abort
     traj: Trajectory  # the episode: its first segment
-    tokenizer: object
+    formatter: object  # the rollout's ChatFormatter: its encode() is the one tokenization path
     greedy: bool = False
     max_calls: int = 0  # 0: no limit
     segments: list[Segment] = field(default_factory=list)
@@ -58,13 +58,10 @@ class Session:
     _episode_free: bool = True  # the episode's Trajectory is not yet a segment
 
     def _encode(self, text: str) -> list[int]:
-        fast = getattr(self.tokenizer, "backend_tokenizer", None)
-        if fast is not None:
-            return fast.encode(text, add_special_tokens=False).ids
-        return self.tokenizer.encode(text, add_special_tokens=False)
+        return self.formatter.encode(text)
 
     def _decode(self, ids: list[int]) -> str:
-        return self.tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+        return self.formatter.tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
 
     def begin_text(self, text: str) -> Call:
         """The segment whose text this prompt extends (the latest such), else a new one."""
