@@ -235,7 +235,7 @@ class EnvSpec:
     num_groups: int = 0  # share of rollout.num_env_groups; 0 = split the rest evenly
     kwargs: dict[str, Any] = field(default_factory=dict)
     # env worker processes (roll_agent/rollout/env_workers.py): 0 = the env thread pool in this
-    # process; None = the CPU count for an env that declares metadata["thread_safe"] = False, else 0
+    # process; None = the CPU count (at most 16) for an env that declares metadata["thread_safe"] = False, else 0
     workers: Optional[int] = None
 
     def __post_init__(self) -> None:

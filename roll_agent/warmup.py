@@ -4,17 +4,21 @@ Real agent pipelines start RL from an SFT model; here the demonstrations come fr
 each env's `expert_action()` (with an optional share of random admissible actions).
 They are played by the rollout's own episode loop (`EnvManager`), the expert answering
 in place of the model: the same chat framing, token layout, env-error handling and
-success rule as the episodes RL trains on.
+success rule as the episodes RL trains on. A step's demonstrations play concurrently, one
+env each, and envs that are not thread-safe (ALFWorld, TextWorld) play in env worker
+processes, as in the run.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import random
 
 from roll_agent.config import EnvSpec, RolloutConfig, WarmupConfig
 from roll_agent.rollout.chat import ChatFormatter
 from roll_agent.rollout.env_manager import EnvManager
+from roll_agent.rollout.env_workers import EnvWorkers, WorkerEnv
 from roll_agent.rollout.groups import TRAIN_SEED_SPACE
 from roll_agent.types import GenerateRequest, GenerateResult, Status
 
@@ -31,12 +35,11 @@ class ExpertPolicy:
         self.manager, self.formatter, self.epsilon, self.rng = manager, formatter, epsilon, rng
 
     async def generate(self, request: GenerateRequest) -> GenerateResult:
-        env = self.manager.env
-        expert = getattr(env.unwrapped, "expert_action", None)
-        if expert is None:
-            raise ValueError(f"{env.spec.id if env.spec else env} has no expert_action(); set warmup.sft_steps=0")
         admissible = self.manager.info.get("admissible_actions")
-        action = self.rng.choice(admissible) if admissible and self.rng.random() < self.epsilon else expert()
+        if admissible and self.rng.random() < self.epsilon:
+            action = self.rng.choice(admissible)
+        else:
+            action = await expert_action(self.manager.env)
         ids = self.formatter.encode(action) + [self.formatter.end_of_turn_id]
         budget = request.sampling.max_new_tokens
         finish = "stop" if len(ids) <= budget else "length"
@@ -47,21 +50,36 @@ class ExpertPolicy:
         """Never aborted."""
 
 
+async def expert_action(env) -> str:
+    """The env's `expert_action()`, in this process or in the env's worker process."""
+    if isinstance(env, WorkerEnv):  # an env that lacks it raises AttributeError in its worker
+        return await env.acall("expert_action")
+    expert = getattr(env.unwrapped, "expert_action", None)
+    if expert is None:
+        raise ValueError(f"{env.spec.id if env.spec else env} has no expert_action(); set warmup.sft_steps=0")
+    return expert()
+
+
 def expert_manager(spec: EnvSpec, formatter: ChatFormatter, rollout: RolloutConfig, epsilon: float,
-                   rng: random.Random) -> EnvManager:
-    manager = EnvManager(f"warmup-{spec.name}", spec, formatter, None, rollout)
+                   rng: random.Random, workers: EnvWorkers | None = None, name: str = "") -> EnvManager:
+    manager = EnvManager(name or f"warmup-{spec.name}", spec, formatter, None, rollout, workers=workers)
     manager.proxy = ExpertPolicy(manager, formatter, epsilon, rng)
     return manager
 
 
 async def run_warmup(trainer, specs: list[EnvSpec], formatter: ChatFormatter, cfg: WarmupConfig,
                      rollout: RolloutConfig, seed: int, log_row=None) -> None:
+    """`cfg.sft_steps` SFT steps, each on `cfg.episodes_per_step` demonstrations played at once
+    (demonstration i of a step on env spec i mod len(specs)); seeded, whatever order they end in."""
     rng = random.Random(seed)
-    managers = [expert_manager(spec, formatter, rollout, cfg.expert_epsilon, rng) for spec in specs]
+    workers = EnvWorkers()
+    managers = [expert_manager(specs[i % len(specs)], formatter, rollout, cfg.expert_epsilon,
+                               random.Random(rng.randrange(2**32)), workers, f"warmup-{specs[i % len(specs)].name}-{i}")
+                for i in range(cfg.episodes_per_step)]
     try:
         for step in range(cfg.sft_steps):
-            played = [await managers[i % len(managers)].run_episode(rng.randrange(TRAIN_SEED_SPACE))
-                      for i in range(cfg.episodes_per_step)]
+            seeds = [rng.randrange(TRAIN_SEED_SPACE) for _ in managers]
+            played = await asyncio.gather(*(m.run_episode(s) for m, s in zip(managers, seeds)))
             demos = [t for t in played if t.status in (Status.FINISHED, Status.TRUNCATED)]
             failed = [t for t in played if t.status not in (Status.FINISHED, Status.TRUNCATED)]
             if not demos:
@@ -76,5 +94,5 @@ async def run_warmup(trainer, specs: list[EnvSpec], formatter: ChatFormatter, cf
                          "demos_failed": len(failed)})
         trainer.reset_reference()  # RL's KL term anchors to the warm-started model
     finally:
-        for manager in managers:
-            await manager.close()
+        await asyncio.gather(*(manager.close() for manager in managers))
+        workers.close()

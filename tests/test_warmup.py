@@ -69,3 +69,31 @@ def test_demonstrations_are_the_experts_actions_played_by_the_rollout_loop(tiny_
     assert [formatter.response_text(t) for t in turns] == actions
     assert traj.num_turns == len(actions) and set(traj.logprobs) == {0.0}
     run(manager.close())
+
+
+def test_demonstrations_in_env_worker_processes_equal_those_played_here(tiny_model_dir):
+    """Envs that live in worker processes (ALFWorld, TextWorld, or `workers: N`) give the
+    warm-start the same demonstrations: the expert answers from its worker."""
+    import random
+
+    from transformers import AutoTokenizer
+
+    from roll_agent.rollout.env_workers import EnvWorkers
+    from roll_agent.types import Status
+    from roll_agent.warmup import expert_manager
+
+    formatter = ChatFormatter(AutoTokenizer.from_pretrained(tiny_model_dir))
+    cfg = RolloutConfig(max_turns=20)
+    workers = EnvWorkers()
+    here = expert_manager(EnvSpec(), formatter, cfg, 0.3, random.Random(1))
+    there = expert_manager(EnvSpec(workers=1), formatter, cfg, 0.3, random.Random(1), workers)
+    try:
+        for seed in (5, 6):
+            a, b = run(here.run_episode(seed)), run(there.run_episode(seed))
+            assert type(there.env).__name__ == "WorkerEnv"
+            assert a.status == b.status and a.status in (Status.FINISHED, Status.TRUNCATED) and a.num_turns > 1
+            assert (a.token_ids, a.loss_mask, a.reward) == (b.token_ids, b.loss_mask, b.reward)
+    finally:
+        run(here.close())
+        run(there.close())
+        workers.close()

@@ -96,7 +96,19 @@ class EnvManager:
         pool = self.workers.pool(self.spec) if self.workers is not None else None
         if pool is not None:
             return await self._await("make", pool.make, self.spec, timeout=timeout)
-        return await self._call(make_env, self.spec, timeout=timeout)
+        try:
+            return await self._call(make_env, self.spec, timeout=timeout)
+        except asyncio.CancelledError:  # the env its thread goes on making is closed once made
+            self._thread_call.add_done_callback(self._close_orphan)
+            raise
+
+    def _close_orphan(self, made: asyncio.Future) -> None:
+        if made.cancelled() or made.exception() is not None:
+            return
+        try:
+            asyncio.get_running_loop().run_in_executor(self.executor, _close_quietly, made.result())
+        except RuntimeError:  # the executor is shut down: close it here
+            _close_quietly(made.result())
 
     async def _step(self, action: str):
         astep = getattr(self.env.unwrapped, "astep", None)
@@ -246,6 +258,11 @@ class EnvManager:
         if self._prepared is not None:
             await _cancelled(self._prepared[1])
             self._prepared = None
+        running = self._thread_call
+        if running is not None and not running.done():
+            # a reset or step of a cancelled episode (or prepared reset) still runs in its thread:
+            # the env closes after it, not under it (a sandbox it is starting would be left behind)
+            await asyncio.wait([running], timeout=timeout)
         closing = await self._discard_env()
         if closing is not None:
             try:

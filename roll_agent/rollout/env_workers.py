@@ -11,7 +11,8 @@ an env whose call is still pending when its episode gives up on it (past the ste
 takes its worker down with it, since a call stuck in C cannot be interrupted.
 
 How many workers an env gets: `envs[].workers` (0: the thread pool), or by default the CPU
-count for an env class that declares `metadata["thread_safe"] = False`, else 0.
+count (at most `MAX_DEFAULT_WORKERS`: each worker holds its own engine and games in memory) for
+an env class that declares `metadata["thread_safe"] = False`, else 0.
 """
 
 from __future__ import annotations
@@ -32,6 +33,8 @@ import gymnasium
 from roll_agent.config import EnvSpec
 
 log = logging.getLogger(__name__)
+
+MAX_DEFAULT_WORKERS = 16  # more: `envs[].workers: N`
 
 
 class EnvWorkerError(RuntimeError):
@@ -60,7 +63,7 @@ def declares_thread_safe(env_id: str) -> bool:
 def num_workers(spec: EnvSpec) -> int:
     if spec.workers is not None:
         return spec.workers
-    return 0 if declares_thread_safe(spec.id) else (os.cpu_count() or 1)
+    return 0 if declares_thread_safe(spec.id) else min(os.cpu_count() or 1, MAX_DEFAULT_WORKERS)
 
 
 # ---- the worker process ----------------------------------------------------------------
@@ -85,6 +88,8 @@ def serve(fd: int) -> None:
                 result = hosted[key].reset(seed=args[0])
             elif op == "step":
                 result = hosted[key].step(args[0])
+            elif op == "call":  # a method of the env itself (the warm-start's expert_action)
+                result = getattr(hosted[key].unwrapped, args[0])(*args[1:])
             elif op == "close":
                 env = hosted.pop(key, None)
                 result = env.close() if env is not None else None
@@ -287,6 +292,10 @@ class WorkerEnv:
 
     async def astep(self, action: str):
         return await self._call("step", action)
+
+    async def acall(self, method: str, *args):
+        """`env.unwrapped.<method>(*args)` in the worker (e.g. `expert_action`)."""
+        return await self._call("call", method, *args)
 
     def close(self, kill_if_pending: bool = True) -> None:
         """Thread-safe, returns at once. With a call still pending (a step past its timeout, hung

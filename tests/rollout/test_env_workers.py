@@ -8,7 +8,7 @@ import signal
 import pytest
 
 from roll_agent.config import ConfigError, EnvSpec, RolloutConfig, load_config
-from roll_agent.rollout.env_workers import EnvWorkerError, EnvWorkers, num_workers
+from roll_agent.rollout.env_workers import MAX_DEFAULT_WORKERS, EnvWorkerError, EnvWorkers, num_workers
 from roll_agent.rollout.envs import make_env
 from roll_agent.types import Status
 from tests.conftest import run
@@ -18,10 +18,15 @@ LAKE = EnvSpec(id="roll_agent/FrozenLake-v0", kwargs={"size": 4}, workers=2)
 SCRIPT = ["right", "down", "zzz", "down", "right", "down", "left", "up"]
 
 
-def test_how_many_workers_an_env_gets():
+def test_how_many_workers_an_env_gets(monkeypatch):
     # TextWorld and ALFWorld declare metadata["thread_safe"] = False: workers by default
-    assert num_workers(EnvSpec(id="roll_agent/TWCooking-v0")) == os.cpu_count()
-    assert num_workers(EnvSpec(id="roll_agent/ALFWorld-v0")) == os.cpu_count()
+    # (one per CPU, at most MAX_DEFAULT_WORKERS: each holds its own engine in memory)
+    default = min(os.cpu_count(), MAX_DEFAULT_WORKERS)
+    assert num_workers(EnvSpec(id="roll_agent/TWCooking-v0")) == default
+    assert num_workers(EnvSpec(id="roll_agent/ALFWorld-v0")) == default
+    monkeypatch.setattr(os, "cpu_count", lambda: 96)
+    assert num_workers(EnvSpec(id="roll_agent/ALFWorld-v0")) == MAX_DEFAULT_WORKERS
+    assert num_workers(EnvSpec(id="roll_agent/ALFWorld-v0", workers=32)) == 32
     assert num_workers(EnvSpec(id="roll_agent/FrozenLake-v0")) == 0
     assert num_workers(EnvSpec(id="roll_agent/TWCooking-v0", workers=0)) == 0
     assert num_workers(EnvSpec(id="roll_agent/FrozenLake-v0", workers=3)) == 3

@@ -3,6 +3,7 @@ once (rollout.prepare_next_reset), and the next episode starts from that reset."
 
 import asyncio
 import threading
+import time
 
 import gymnasium
 import pytest
@@ -13,22 +14,24 @@ from tests.conftest import run
 from tests.rollout.harness import build, train_loop
 
 RESETS: list[tuple[int, int]] = []  # (env instance, seed), in call order
+EVENTS: list[str] = []  # "reset done <seed>", "closed": a CountingEnv's life in order
 _LOCK = threading.Lock()
 
 
 class CountingEnv(gymnasium.Env):
-    """Two-step episodes; records each reset; a reset of a seed divisible by `fail_every` raises."""
+    """Two-step episodes; records each reset; a reset of a seed divisible by `fail_every` raises;
+    a reset takes `reset_s` seconds (in its thread)."""
 
     metadata = {"render_modes": [], "free_text_actions": True}
     _instances = 0
 
-    def __init__(self, fail_every: int = 0):
+    def __init__(self, fail_every: int = 0, reset_s: float = 0.0):
         self.observation_space = gymnasium.spaces.Text(max_length=100)
         self.action_space = gymnasium.spaces.Text(max_length=100)
         with _LOCK:
             self.instance = CountingEnv._instances
             CountingEnv._instances += 1
-        self.fail_every = fail_every
+        self.fail_every, self.reset_s = fail_every, reset_s
         self.t = 0
 
     def reset(self, *, seed=None, options=None):
@@ -36,12 +39,17 @@ class CountingEnv(gymnasium.Env):
             RESETS.append((self.instance, seed))
         if self.fail_every and seed % self.fail_every == 0:
             raise RuntimeError(f"reset of seed {seed} failed")
+        time.sleep(self.reset_s)
+        EVENTS.append(f"reset done {seed}")
         self.t = 0
         return f"task {seed}", {"instructions": "say anything"}
 
     def step(self, action):
         self.t += 1
         return f"step {self.t}", float(self.t == 2), self.t == 2, False, {}
+
+    def close(self):
+        EVENTS.append("closed")
 
 
 gymnasium.register("tests/CountingReset-v0", entry_point=CountingEnv)
@@ -114,3 +122,25 @@ def test_a_prepared_reset_that_fails_ends_its_episode_as_env_error(formatter):
     counts = stack.buffer.ledger.counts
     assert counts["env_error"] > 0
     assert stack.stats().accounting()["accounting_ok"]
+
+
+def test_closing_waits_for_a_prepared_reset_still_running_in_its_thread(formatter):
+    """The run ends while an env prepares its next task (an ALFWorld load, a sandbox start): the
+    env is closed after that reset returns, never under it (what it started is not left behind)."""
+    spec = EnvSpec(id="tests/CountingReset-v0", kwargs={"reset_s": 0.5}, workers=0)
+    stack = build(formatter, RolloutConfig(**CFG), specs=[spec])
+
+    async def go():
+        manager = stack.env_manager("m", spec)
+        try:
+            assert (await manager.run_episode(seed=5)).status == Status.FINISHED
+            EVENTS.clear()
+            manager.prepare(7)
+            while not RESETS or RESETS[-1][1] != 7:  # the reset of seed 7 is under way in its thread
+                await asyncio.sleep(0.01)
+            await manager.close()
+        finally:
+            await stack.close()
+
+    run(go())
+    assert EVENTS == ["reset done 7", "closed"]
