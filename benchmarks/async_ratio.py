@@ -84,7 +84,7 @@ def make_config(ratio: int, out: Path, args) -> Config:
         f"model.tiny.hidden_size={args.hidden}", f"model.tiny.intermediate_size={args.hidden * 8 // 3}",
         f"model.tiny.num_hidden_layers={args.layers}", f"runtime.torch_threads={args.threads}",
         "warmup.sft_steps=0", "eval.num_episodes=0", "checkpoint.every=0",
-        "logging.progress=false", "logging.tensorboard=false", "logging.plot=false",
+        "logging.progress=false", "logging.backends=[jsonl]", "logging.plot=false",
     ])
     cfg.envs = [EnvSpec(id=SIM_ID, kwargs=env_kwargs(args.mean_s))]
     return cfg

@@ -38,7 +38,7 @@ def make_config(runtime: str, out: Path, args, model_path: str = "") -> Config:
     cfg = load_config(None, [
         f"output_dir={out}", f"max_steps={args.steps}", f"runtime.type={runtime}", "runtime.torch_threads=1",
         f"runtime.ray.num_cpus={args.cpus}", "warmup.sft_steps=0", "eval.num_episodes=0", "checkpoint.every=0",
-        "logging.progress=false", "logging.tensorboard=false", "logging.plot=false",
+        "logging.progress=false", "logging.backends=[jsonl]", "logging.plot=false",
     ])
     cfg.model.path = model_path
     return cfg

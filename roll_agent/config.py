@@ -379,11 +379,43 @@ class RuntimeConfig:
         _choice("runtime", "type", self.type, ("local", "ray"))
 
 
+LOGGING_BACKENDS = ("jsonl", "tensorboard", "wandb", "mlflow")
+
+
+@dataclass
+class TrajectoryLogConfig:
+    """Rollout dumps (roll_agent/trajectory_dumps.py): output_dir/trajectories/step_<N>.jsonl.gz."""
+    every: int = 1  # steps between dumps of training episodes; 0 = none
+    groups: int = 1  # groups of each dumped step's batch
+    eval: bool = True  # every evaluation's episodes
+    max_mb: float = 200.0  # the folder's cap: the oldest steps' files are dropped
+
+    def __post_init__(self) -> None:
+        if self.every < 0 or self.groups < 0:
+            raise ConfigError("logging.trajectories.every and groups must be >= 0")
+        _positive("logging.trajectories", max_mb=self.max_mb)
+
+
 @dataclass
 class LoggingConfig:
-    tensorboard: bool = True
+    # where the scalars go (roll_agent/trackers.py): jsonl (metrics.jsonl, always), tensorboard,
+    # wandb (offline unless wandb_mode says otherwise), mlflow (a local store: output_dir/mlflow.db)
+    backends: list[str] = field(default_factory=lambda: ["jsonl", "tensorboard"])
     progress: bool = True
     plot: bool = True
+    project: str = "roll_agent"  # the W&B project / MLflow experiment
+    run_name: str = ""  # "" = the output dir's name
+    wandb_mode: str = "offline"  # offline (files only), online, disabled
+    mlflow_uri: str = ""  # "" = sqlite:///output_dir/mlflow.db (a local store), artifacts in output_dir/mlartifacts
+    trajectories: TrajectoryLogConfig = field(default_factory=TrajectoryLogConfig)
+
+    def __post_init__(self) -> None:
+        for name in self.backends:
+            _choice("logging", "backends[]", name, LOGGING_BACKENDS)
+        if "jsonl" not in self.backends:
+            raise ConfigError("logging.backends must include jsonl: metrics.jsonl is what resume, curves.png and "
+                              "the viewer read")
+        _choice("logging", "wandb_mode", self.wandb_mode, ("offline", "online", "disabled"))
 
 
 @dataclass
@@ -485,3 +517,8 @@ def _load(path: str | None, overrides: list[str] | None) -> Config:
 
 def to_yaml(cfg: Config) -> str:
     return OmegaConf.to_yaml(OmegaConf.structured(cfg))
+
+
+def to_dict(cfg: Config) -> dict:
+    """The config as plain dicts and lists (what the trackers record as the run's parameters)."""
+    return OmegaConf.to_container(OmegaConf.structured(cfg))

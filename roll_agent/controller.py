@@ -1,7 +1,8 @@
 """AsyncController: the training loop with suspend-update-resume.
 
     loop: batch = rollout.get_batch(version)
-          trainer.step(batch) -> version + 1        (off the event loop: rollout goes on)
+          trainer.step(batch) -> version + 1        (off the event loop: rollout goes on;
+                                                     a sample of it dumped: roll_agent/trajectory_dumps.py)
           proxy.suspend(); proxy.push_weights(version); proxy.resume()   (its WeightSync moves them)
           rollout.on_version(version)               (admission widens, too-stale groups cancelled)
 
@@ -23,7 +24,8 @@ from roll_agent.metrics import MetricsLogger
 from roll_agent.protocols import Rollout, SyncReport, Trainer
 from roll_agent.rollout.accounting import OUTCOMES
 from roll_agent.rollout.env_manager import EnvManager
-from roll_agent.rollout.evaluate import evaluate, summarize
+from roll_agent.rollout.evaluate import play_greedy, summarize
+from roll_agent.trajectory_dumps import TrajectoryDumps
 from roll_agent.types import Group
 from roll_agent.watchdog import Stuck
 
@@ -80,6 +82,7 @@ class Components:
     trainer: Trainer
     eval_managers: list[EnvManager]
     tokenizer: PreTrainedTokenizerBase  # saved beside each checkpoint's model
+    dumps: TrajectoryDumps | None = None  # rollout dumps (logging.trajectories)
 
 
 class AsyncController:
@@ -111,9 +114,13 @@ class AsyncController:
                 t0 = time.perf_counter()
                 batch = await self._next_batch(p.trainer.version)
                 t1 = time.perf_counter()
-                metrics = await asyncio.to_thread(p.trainer.step, batch)
+                dumped = p.dumps.pick(p.trainer.version + 1, batch) if p.dumps else []
+                metrics = await asyncio.to_thread(p.trainer.step, batch, dumped)
+                trainer_logprobs = metrics.pop("trainer_logprobs", {})
                 sync = await self.sync_weights(p.trainer.version)
                 step = p.trainer.version
+                if dumped:
+                    self.logger.table("rollouts", p.dumps.train(step, batch, dumped, trainer_logprobs), step)
                 row = {"step": step, "version": step, **self._batch_metrics(batch, step - 1), **metrics,
                        "time_wait_data_s": t1 - t0, "time_sync_s": sync["seconds"], "sync_bytes": sync["bytes"],
                        "time_step_s": time.perf_counter() - t0}
@@ -156,8 +163,11 @@ class AsyncController:
         if not self.eval_cfg.num_episodes:
             return
         t0 = time.perf_counter()
-        metrics = await evaluate(self.p.eval_managers, self.eval_seeds)
+        trajs = await play_greedy(self.p.eval_managers, self.eval_seeds)
+        metrics = summarize(trajs, prefix="eval_", per_tag=len({m.tag for m in self.p.eval_managers}) > 1)
         self.logger.log({"step": step, **metrics, "time_eval_s": time.perf_counter() - t0})
+        if self.p.dumps:
+            self.logger.table("eval_rollouts", self.p.dumps.evaluation(step, trajs), step)
 
     def _batch_metrics(self, batch: list[Group], train_version: int) -> dict[str, float]:
         trajs = [t for g in batch for t in g.trajectories]

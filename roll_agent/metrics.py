@@ -1,5 +1,6 @@
-"""Metrics: one JSON object per row in `metrics.jsonl`, TensorBoard scalars, a live
-progress bar, and `curves.png` at the end."""
+"""Metrics: one JSON object per row in `metrics.jsonl`, the same scalars to the trackers
+`logging.backends` names (TensorBoard, W&B, MLflow: roll_agent/trackers.py), a live progress
+bar, and `curves.png` at the end."""
 
 from __future__ import annotations
 
@@ -8,13 +9,15 @@ import math
 from pathlib import Path
 
 from roll_agent.config import LoggingConfig
+from roll_agent.trackers import open_trackers
 
 BAR_KEYS = {"reward_mean": "R", "success_rate": "succ", "eval_success_rate": "eval", "staleness_mean": "stale",
             "gen_tokens_per_s": "gen_tok/s"}
 
 
 class MetricsLogger:
-    def __init__(self, output_dir: Path, cfg: LoggingConfig, total_steps: int, first_step: int = 0):
+    def __init__(self, output_dir: Path, cfg: LoggingConfig, total_steps: int, first_step: int = 0,
+                 run_config: dict | None = None):
         self.path = output_dir / "metrics.jsonl"
         output_dir.mkdir(parents=True, exist_ok=True)
         if self.path.exists():
@@ -22,11 +25,7 @@ class MetricsLogger:
             kept = [r for r in read_rows(self.path) if r.get("step", 0) <= first_step] if first_step else []
             self.path.write_text("".join(json.dumps(r) + "\n" for r in kept))
         self._file = self.path.open("a")
-        self._tb = None
-        if cfg.tensorboard:
-            from torch.utils.tensorboard import SummaryWriter
-
-            self._tb = SummaryWriter(str(output_dir / "tensorboard"))
+        self.trackers = open_trackers(output_dir, cfg, run_config or {})
         self._bar = None
         if cfg.progress:
             from tqdm import tqdm
@@ -39,10 +38,9 @@ class MetricsLogger:
         self._file.write(json.dumps(clean) + "\n")
         self._file.flush()
         step = int(row.get("step", 0))
-        if self._tb is not None:
-            for key, value in clean.items():
-                if isinstance(value, (int, float)) and key != "step":
-                    self._tb.add_scalar(key, value, step)
+        scalars = {k: float(v) for k, v in clean.items() if isinstance(v, (int, float)) and k != "step"}
+        for tracker in self.trackers:
+            tracker.log(scalars, step)
         if self._bar is not None:
             for key, short in BAR_KEYS.items():
                 if isinstance(clean.get(key), (int, float)):
@@ -50,10 +48,15 @@ class MetricsLogger:
             self._bar.set_postfix(self._postfix, refresh=False)
             self._bar.update(1 if advance else 0)
 
+    def table(self, name: str, rows: list[dict], step: int) -> None:
+        """A table of rows (one per episode) to the trackers that keep tables."""
+        for tracker in self.trackers:
+            tracker.table(name, rows, step)
+
     def close(self) -> None:
         self._file.close()
-        if self._tb is not None:
-            self._tb.close()
+        for tracker in self.trackers:
+            tracker.close()
         if self._bar is not None:
             self._bar.close()
 

@@ -8,7 +8,7 @@ implementation against its protocol.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Iterable, Protocol, TypedDict, runtime_checkable
+from typing import Any, Collection, Iterable, Protocol, TypedDict, runtime_checkable
 
 import torch
 
@@ -106,7 +106,7 @@ class Trainer(Protocol):
 
     version: int  # bumped by each `step`
 
-    def step(self, groups: list[Group]) -> dict[str, float]: ...
+    def step(self, groups: list[Group], capture: Collection[int] = ()) -> dict: ...
 
     def sft_step(self, trajs: list[Trajectory], lr: float) -> dict[str, float]: ...
 

@@ -15,13 +15,14 @@ import transformers
 from transformers import AutoTokenizer
 
 from roll_agent.checkpoint import Checkpointer
-from roll_agent.config import Config, ConfigError, load_config, to_yaml
+from roll_agent.config import Config, ConfigError, load_config, to_dict, to_yaml
 from roll_agent.controller import AsyncController, Components
 from roll_agent.metrics import MetricsLogger, plot_curves
 from roll_agent.rollout.chat import ChatFormatter
 from roll_agent.rollout.envs import check_env_specs
 from roll_agent.runtime import open_runtime
 from roll_agent.tiny_model import prepare_model
+from roll_agent.trajectory_dumps import TrajectoryDumps
 from roll_agent.warmup import run_warmup
 
 
@@ -68,7 +69,7 @@ async def run_components(cfg: Config, runtime, model_path: str, out: Path) -> in
     resume_from = checkpointer.latest() if cfg.resume else None
     rollout_state = checkpointer.load(resume_from, trainer) if resume_from else None
     first_step = trainer.version
-    logger = MetricsLogger(out, cfg.logging, cfg.max_steps, first_step)
+    logger = MetricsLogger(out, cfg.logging, cfg.max_steps, first_step, run_config=to_dict(cfg))
     if resume_from:
         logger.log({"step": first_step, "resumed_from_step": first_step})
     if rollout_state is None and cfg.warmup.sft_steps:
@@ -79,7 +80,8 @@ async def run_components(cfg: Config, runtime, model_path: str, out: Path) -> in
         rollout.load_state_dict(rollout_state)
     eval_managers = [rollout.env_manager(f"eval-{s.name}-{i}", s)
                      for s in cfg.envs for i in range(min(cfg.eval.num_episodes, 16))]
-    parts = Components(rollout, trainer, eval_managers, tokenizer)
+    dumps = TrajectoryDumps(out, cfg.logging.trajectories, formatter)
+    parts = Components(rollout, trainer, eval_managers, tokenizer, dumps)
     controller = AsyncController(parts, logger, checkpointer, cfg.max_steps, cfg.checkpoint, cfg.eval)
     try:
         await controller.sync_weights(trainer.version)  # engines serve the (warm-started / resumed) weights
@@ -88,6 +90,7 @@ async def run_components(cfg: Config, runtime, model_path: str, out: Path) -> in
         for m in eval_managers:
             await m.close()
         await rollout.close()
+        dumps.close()
         logger.close()
         if cfg.logging.plot and (out / "metrics.jsonl").exists():
             plot_curves(out / "metrics.jsonl", out / "curves.png")

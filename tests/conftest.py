@@ -94,6 +94,35 @@ def tiny_model_dir(tmp_path_factory):
     return str(build_tiny_model(out, TinyModelConfig(vocab_size=400, hidden_size=64, intermediate_size=128), corpus))
 
 
+@pytest.fixture(scope="session")
+def dumped_run(tmp_path_factory):
+    """A real 2-step run with rollout dumps on (tests/test_trajectory_dumps.py, tests/test_view.py),
+    and the batches its trainer got, recorded as it trained them. More lanes than a batch needs
+    and async ratio 1: step 2 trains groups sampled at version 0 (stale tokens to show)."""
+    import copy
+
+    from roll_agent.run import train
+    from roll_agent.train.policy import PolicyTrainer
+    from tests.test_run import small_cfg
+
+    out = tmp_path_factory.mktemp("dumped-run")
+    trained: dict = {}
+    original = PolicyTrainer.step
+
+    def recording_step(self, groups, capture=()):
+        trained[self.version + 1] = copy.deepcopy(groups)
+        return original(self, groups, capture)
+
+    PolicyTrainer.step = recording_step
+    try:
+        cfg = small_cfg(out, "rollout.num_env_groups=4", "rollout.groups_per_batch=1", "rollout.async_ratio=1",
+                        "runtime.trainer_process=false", "checkpoint.every=1", "logging.trajectories.groups=1")
+        assert run(train(cfg), timeout=300) == 2
+    finally:
+        PolicyTrainer.step = original
+    return out, trained
+
+
 CANCEL_CLEANUP_S = 30.0  # how long a timed-out run gets to clean up after it is cancelled
 
 

@@ -21,7 +21,7 @@ FAST = [  # real tiny-model training; the scripted engine keeps generation cheap
     "model.tiny.hidden_size=32", "model.tiny.intermediate_size=64", "model.tiny.vocab_size=400",
     "engine.type=scripted", "rollout.num_env_groups=2", "rollout.groups_per_batch=2", "rollout.group_size=2",
     "rollout.group_size_redundancy=1", "rollout.max_turns=3", "rollout.max_new_tokens=4",
-    "eval.num_episodes=0", "logging.progress=false", "logging.tensorboard=false", "logging.plot=false",
+    "eval.num_episodes=0", "logging.progress=false", "logging.backends=[jsonl]", "logging.plot=false",
     "warmup.sft_steps=0", f"max_steps={MAX_STEPS}", "checkpoint.every=1", "checkpoint.keep_last=2", "resume=true",
 ]
 

@@ -22,7 +22,7 @@ SMALL = [
     "model.tiny.hidden_size=32", "model.tiny.intermediate_size=64", "model.tiny.vocab_size=400",
     "rollout.num_env_groups=2", "rollout.groups_per_batch=2", "rollout.group_size=2",
     "rollout.group_size_redundancy=1", "rollout.max_turns=3", "rollout.max_new_tokens=4",
-    "eval.num_episodes=2", "eval.every=0", "logging.progress=false", "logging.tensorboard=false",
+    "eval.num_episodes=2", "eval.every=0", "logging.progress=false", "logging.backends=[jsonl]",
     "warmup.sft_steps=0",
 ]
 

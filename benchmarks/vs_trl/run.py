@@ -97,7 +97,7 @@ def roll_agent_config(task: str, model: str, out: Path, setting: dict, prompt_le
         "algorithm.advantage=grpo", "algorithm.loss=ppo", "algorithm.kl_coef=0.0", f"algorithm.clip_low={HP['clip']}",
         f"algorithm.clip_high={HP['clip']}", "algorithm.aggregation=token-mean",
         f"runtime.torch_threads={THREADS}", "warmup.sft_steps=0", "eval.num_episodes=0", "checkpoint.every=0",
-        "logging.progress=false", "logging.tensorboard=false", "logging.plot=false",
+        "logging.progress=false", "logging.backends=[jsonl]", "logging.plot=false",
     ])
     cfg.envs = [EnvSpec(id=tasks.ENV_IDS[task])]
     return cfg

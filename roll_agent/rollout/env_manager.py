@@ -202,6 +202,7 @@ class EnvManager:
             traj.num_turns += 1
             obs, reward, terminated, truncated, info = await self._step(self.formatter.response_text(result.token_ids))
             self.info = info
+            traj.keep_info(info)
             gen_s, env_s = gen_s + t1 - t0, env_s + time.perf_counter() - t1
             traj.step_rewards.append(float(reward))
             traj.metrics["invalid_actions"] = traj.metrics.get("invalid_actions", 0) + bool(info.get("invalid_action"))
@@ -241,6 +242,7 @@ class EnvManager:
             return
         t1 = time.perf_counter()
         _, reward, terminated, truncated, info = await self._step(result)
+        traj.keep_info(info)
         traj.timing["env_s"] = time.perf_counter() - t1
         traj.step_rewards.append(float(reward))
         traj.status = Status.TRUNCATED if session.truncated or truncated or not terminated else Status.FINISHED

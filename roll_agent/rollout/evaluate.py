@@ -9,12 +9,6 @@ from roll_agent.rollout.env_manager import EnvManager
 from roll_agent.types import Trajectory
 
 
-async def evaluate(managers: list[EnvManager], seeds: list[int]) -> dict[str, float]:
-    """Play one greedy episode per seed on each env tag the managers cover; their summary."""
-    results = await play_greedy(managers, seeds)
-    return summarize(results, prefix="eval_", per_tag=len({m.tag for m in managers}) > 1)
-
-
 async def play_greedy(managers: list[EnvManager], seeds: list[int]) -> list[Trajectory]:
     """One greedy episode per seed on each env tag the managers cover (managers of a tag share the seeds)."""
     by_tag: dict[str, list[EnvManager]] = defaultdict(list)

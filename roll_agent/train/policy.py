@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import random
 import time
-from typing import Iterator
+from typing import Collection, Iterator
 
 import numpy as np
 import torch
@@ -48,6 +48,7 @@ class PolicyTrainer:
         self.temperature = temperature
         self.version = 0
         self._rng = random.Random(seed)
+        self._captured: dict[int, list[float]] = {}  # step(capture=...)'s log-probs, filled by _micro_loss
         self._autocast_bf16 = cfg.dtype == "bfloat16"  # a backend that keeps bf16 weights turns it off
 
     # ---- backend hooks -------------------------------------------------------
@@ -103,8 +104,13 @@ class PolicyTrainer:
             yield items[i:i + size]
 
     # ---- RL step -----------------------------------------------------------
-    def step(self, groups: list[Group]) -> dict[str, float]:
+    def step(self, groups: list[Group], capture: Collection[int] = ()) -> dict:
+        """One RL update on `groups`. `capture`: indices into the batch's samples (its episodes'
+        `samples()` in order) whose per-token log-probs under this step's starting policy (pi_old)
+        come back as `metrics["trainer_logprobs"]` ({index: one value per token, 0 where untrained}),
+        for the rollout dumps; computed by the update's own forward passes, at no extra cost."""
         start = time.perf_counter()
+        self._captured = {i: [] for i in capture}
         lr = lr_at(self.cfg, self.version)
         for group in self._param_groups():
             group["lr"] = lr
@@ -132,6 +138,8 @@ class PolicyTrainer:
                        train_tokens=float(tokens),
                        time_train_s=time.perf_counter() - start, advantage_abs_mean=float(adv.abs().mean()))
         metrics["train_tokens_per_s"] = tokens / max(metrics["time_train_s"], 1e-9)
+        if capture:
+            metrics["trainer_logprobs"] = self._captured
         return metrics
 
     @torch.no_grad()
@@ -177,6 +185,9 @@ class PolicyTrainer:
         logp, entropy = self.logprobs(batch, with_entropy=True)
         mask = batch.loss_mask
         logp_old = logp.detach() if old is None else _stack_rows([old[i] for i in idx], batch.start, logp.shape[1])
+        for row, i in enumerate(idx):
+            if self._captured.get(i) == []:
+                self._captured[i] = _per_token(logp_old[row], batch.start, trajs[i].loss_mask)
         advantages = adv[idx].to(logp.device)[:, None].expand_as(logp)
         positive = torch.tensor([trajs[i].reward > 0 for i in idx], device=logp.device)
         loss_tok, diag = alg.policy_loss(
@@ -287,6 +298,15 @@ def _stack_rows(rows: list[tuple[int, torch.Tensor]], start: int, width: int) ->
         if j1 > j0:
             out[i, j0:j1] = row[j0 + lo:j1 + lo]
     return out
+
+
+def _per_token(targets: torch.Tensor, start: int, loss_mask: list[int]) -> list[float]:
+    """A row of target log-probs (target j is token start + 1 + j) as one value per token of the
+    sample, 0 where the token is not trained."""
+    n = len(loss_mask)
+    full = torch.zeros(n)
+    full[start + 1:] = targets[:n - 1 - start].detach().float().cpu()
+    return (full * torch.tensor(loss_mask, dtype=torch.float32)).tolist()
 
 
 def _add(sums: dict[str, float], key: str, value: float) -> None:

@@ -211,7 +211,7 @@ def test_default_config_on_ray_learns(tmp_path):
     default config for 10 steps (warm-start included) with evals at 0, 5 and 10. Async runs are
     not deterministic and a run can dip for a few steps (README), so the rise may show at 5 or 10."""
     cfg = load_config(None, RAY + [f"output_dir={tmp_path}", "max_steps=10", "eval.every=5",
-                                   "logging.progress=false", "logging.tensorboard=false"])
+                                   "logging.progress=false", "logging.backends=[jsonl]"])
     assert run(train(cfg), timeout=900) == 10
     evals = {r["step"]: r["eval_success_rate"] for r in read_rows(tmp_path / "metrics.jsonl") if "eval_success_rate" in r}
     assert max(evals[5], evals[10]) - evals[0] >= 0.25, evals
