@@ -73,14 +73,15 @@ async def run_components(cfg: Config, runtime, model_path: str, out: Path) -> in
     if resume_from:
         logger.log({"step": first_step, "resumed_from_step": first_step})
     if rollout_state is None and cfg.warmup.sft_steps:
-        await run_warmup(trainer, cfg.envs, formatter, cfg.warmup, cfg.rollout, cfg.seed, log_row=logger.log)
+        await run_warmup(trainer, cfg.envs, formatter, cfg.warmup, cfg.rollout, cfg.seed, log_row=logger.log,
+                         progress=cfg.logging.progress)
 
     rollout = runtime.make_rollout(formatter, trainer)  # its proxy pushes the trainer's weights into the engines
     if rollout_state is not None:
         rollout.load_state_dict(rollout_state)
     eval_managers = [rollout.env_manager(f"eval-{s.name}-{i}", s)
                      for s in cfg.envs for i in range(min(cfg.eval.num_episodes, 16))]
-    dumps = TrajectoryDumps(out, cfg.logging.trajectories, formatter)
+    dumps = TrajectoryDumps(out, cfg.logging.trajectories, formatter, first_step)
     parts = Components(rollout, trainer, eval_managers, tokenizer, dumps)
     controller = AsyncController(parts, logger, checkpointer, cfg.max_steps, cfg.checkpoint, cfg.eval)
     try:

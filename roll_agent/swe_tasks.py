@@ -26,7 +26,7 @@ from pathlib import Path
 from envs.swe.grading import harness_row
 from envs.swe.instance import SWEInstance, instance_from_dict, load_instances, write_jsonl
 from envs.swe.mutations import OPERATORS
-from envs.swe.task_maker import MakerConfig, make_tasks
+from envs.swe.task_maker import MakerConfig, duration, make_tasks
 from envs.swe.task_source import MakerError, fetch_source, restore_task_repo
 
 
@@ -41,7 +41,7 @@ def build_images(instances: list[SWEInstance], force: bool = False, cache: str |
     if todo:
         ensure_base_image(client=client)
     with tempfile.TemporaryDirectory(prefix="swe-images-") as tmp_name:
-        tmp, projects = Path(tmp_name), {}
+        tmp, projects, t_start = Path(tmp_name), {}, time.monotonic()
         for k, inst in enumerate(todo):
             spec, sha = inst.extra.get("source"), inst.extra.get("source_sha256")
             if not spec:
@@ -59,7 +59,9 @@ def build_images(instances: list[SWEInstance], force: bool = False, cache: str |
             content_tag = build_task_image(str(repo), setup=("git reset -q",), client=client)
             name, _, tag = _image_of(inst).rpartition(":")
             client.images.get(content_tag).tag(name, tag=tag)
-            log(f"[{k + 1}/{len(todo)}] {_image_of(inst)} ({time.monotonic() - t0:.1f}s)")
+            per = (time.monotonic() - t_start) / (k + 1)
+            log(f"[{k + 1}/{len(todo)}] {_image_of(inst)} ({time.monotonic() - t0:.1f}s; "
+                f"ETA {duration(per * (len(todo) - k - 1))})")
     return {i.instance_id: _image_of(i) for i in instances}
 
 

@@ -53,16 +53,22 @@ RESPONSE_TEMPLATE = {
 MARKER = "tiny_model.json"
 
 
-def env_corpus(env_specs: list[EnvSpec], episodes_per_env: int = 24, seed: int = 0) -> list[str]:
+def env_corpus(env_specs: list[EnvSpec], episodes_per_env: int = 24, seed: int = 0,
+               progress: bool = False) -> list[str]:
     """Instructions, observations and actions of short random and expert episodes."""
+    from tqdm import tqdm
+
     from roll_agent.rollout.envs import make_env
 
     rng = random.Random(seed)
     texts: list[str] = []
+    bar = tqdm(total=len(env_specs) * episodes_per_env, desc="model: tokenizer corpus", unit="episode",
+               disable=not progress, dynamic_ncols=True)
     for spec in env_specs:
         env = make_env(spec)
         try:
             for ep in range(episodes_per_env):
+                bar.update(1)
                 obs, info = env.reset(seed=rng.randrange(10**6))
                 texts += [info.get("instructions", ""), obs] + [json.dumps(t) for t in info.get("tools") or []]
                 if getattr(env.unwrapped, "agent", None) is not None:
@@ -76,6 +82,7 @@ def env_corpus(env_specs: list[EnvSpec], episodes_per_env: int = 24, seed: int =
                         break
         finally:
             env.close()
+    bar.close()
     return texts
 
 
@@ -155,6 +162,7 @@ def prepare_model(cfg: Config, out: Path) -> str:
     """A user's checkpoint, or the tiny model built from the envs' own text."""
     if cfg.model.path:
         return cfg.model.path
-    corpus = lambda: env_corpus(cfg.envs, episodes_per_env=cfg.model.tiny.corpus_episodes, seed=cfg.seed)  # noqa: E731
+    corpus = lambda: env_corpus(cfg.envs, episodes_per_env=cfg.model.tiny.corpus_episodes, seed=cfg.seed,  # noqa: E731
+                                progress=cfg.logging.progress)
     key = [(s.id, s.kwargs) for s in cfg.envs]
     return str(build_tiny_model(out / "base_model", cfg.model.tiny, corpus, seed=cfg.seed, key=key))

@@ -36,10 +36,15 @@ FILE = re.compile(r"step_(\d+)\.jsonl\.gz$")
 
 
 class TrajectoryDumps:
-    def __init__(self, output_dir: Path, cfg: TrajectoryLogConfig, formatter: ChatFormatter):
+    def __init__(self, output_dir: Path, cfg: TrajectoryLogConfig, formatter: ChatFormatter, first_step: int = 0):
+        """`first_step`: the step a resumed run starts from: dumps of later steps (redone now) are
+        dropped, as metrics.jsonl drops their rows; a fresh run (0) starts an empty folder."""
         self.dir = output_dir / "trajectories"
         self.cfg = cfg
         self.formatter = formatter
+        for step, path in _files(self.dir):
+            if not first_step or step > first_step:
+                path.unlink()
         self._writer = ThreadPoolExecutor(1, thread_name_prefix="trajectory-dumps")
         self._pending: list[Future] = []
 
@@ -93,7 +98,7 @@ class TrajectoryDumps:
             log.exception("writing the trajectories of step %d failed", step)
 
     def _cap(self, keep: int) -> None:
-        files = sorted(((int(FILE.search(p.name).group(1)), p) for p in self.dir.iterdir() if FILE.search(p.name)))
+        files = _files(self.dir)
         total = sum(p.stat().st_size for _, p in files)
         for step, path in files:
             if total <= self.cfg.max_mb * 2**20 or step == keep:
@@ -155,12 +160,8 @@ def summary(step: int, kind: str, traj: Trajectory) -> dict:
 
 def read_dumps(run_dir: Path) -> list[dict]:
     """Every dumped episode of a run, oldest step first."""
-    folder = Path(run_dir) / "trajectories"
-    if not folder.is_dir():
-        return []
-    files = sorted((int(FILE.search(p.name).group(1)), p) for p in folder.iterdir() if FILE.search(p.name))
     episodes = []
-    for _, path in files:
+    for _, path in _files(Path(run_dir) / "trajectories"):
         try:
             with gzip.open(path, "rt") as f:
                 for line in f:
@@ -168,3 +169,10 @@ def read_dumps(run_dir: Path) -> list[dict]:
         except (OSError, EOFError, json.JSONDecodeError) as exc:  # cut short by a killed run: what came before
             log.warning("%s ends early: %s", path, exc)
     return episodes
+
+
+def _files(folder: Path) -> list[tuple[int, Path]]:
+    """(step, path) of the dump files in `folder`, oldest step first."""
+    if not folder.is_dir():
+        return []
+    return sorted((int(m.group(1)), p) for p in folder.iterdir() if (m := FILE.search(p.name)))

@@ -4,16 +4,17 @@ Real agent pipelines start RL from an SFT model; here the demonstrations come fr
 each env's `expert_action()` (with an optional share of random admissible actions).
 They are played by the rollout's own episode loop (`EnvManager`), the expert answering
 in place of the model: the same chat framing, token layout, env-error handling and
-success rule as the episodes RL trains on. A step's demonstrations play concurrently, one
-env each, and envs that are not thread-safe (ALFWorld, TextWorld) play in env worker
-processes, as in the run.
+success rule as the episodes RL trains on. Envs that are not thread-safe (ALFWorld,
+TextWorld) play in env worker processes, as in the run: their C engines stay out of the
+trainer's process.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import random
+
+from tqdm import tqdm
 
 from roll_agent.config import EnvSpec, RolloutConfig, WarmupConfig
 from roll_agent.rollout.chat import ChatFormatter
@@ -61,25 +62,26 @@ async def expert_action(env) -> str:
 
 
 def expert_manager(spec: EnvSpec, formatter: ChatFormatter, rollout: RolloutConfig, epsilon: float,
-                   rng: random.Random, workers: EnvWorkers | None = None, name: str = "") -> EnvManager:
-    manager = EnvManager(name or f"warmup-{spec.name}", spec, formatter, None, rollout, workers=workers)
+                   rng: random.Random, workers: EnvWorkers | None = None) -> EnvManager:
+    manager = EnvManager(f"warmup-{spec.name}", spec, formatter, None, rollout, workers=workers)
     manager.proxy = ExpertPolicy(manager, formatter, epsilon, rng)
     return manager
 
 
 async def run_warmup(trainer, specs: list[EnvSpec], formatter: ChatFormatter, cfg: WarmupConfig,
-                     rollout: RolloutConfig, seed: int, log_row=None) -> None:
-    """`cfg.sft_steps` SFT steps, each on `cfg.episodes_per_step` demonstrations played at once
-    (demonstration i of a step on env spec i mod len(specs)); seeded, whatever order they end in."""
+                     rollout: RolloutConfig, seed: int, log_row=None, progress: bool = False) -> None:
+    """`cfg.sft_steps` SFT steps, each on `cfg.episodes_per_step` demonstrations played one after
+    another (demonstration i on env spec i mod len(specs)), all draws from one seeded RNG: the
+    same demonstrations for a seed, release after release (the default run's learning curve
+    in the README starts from them)."""
     rng = random.Random(seed)
     workers = EnvWorkers()
-    managers = [expert_manager(specs[i % len(specs)], formatter, rollout, cfg.expert_epsilon,
-                               random.Random(rng.randrange(2**32)), workers, f"warmup-{specs[i % len(specs)].name}-{i}")
-                for i in range(cfg.episodes_per_step)]
+    managers = [expert_manager(spec, formatter, rollout, cfg.expert_epsilon, rng, workers) for spec in specs]
+    bar = tqdm(total=cfg.sft_steps, desc="warm-start", unit="step", disable=not progress, dynamic_ncols=True)
     try:
         for step in range(cfg.sft_steps):
-            seeds = [rng.randrange(TRAIN_SEED_SPACE) for _ in managers]
-            played = await asyncio.gather(*(m.run_episode(s) for m, s in zip(managers, seeds)))
+            played = [await managers[i % len(managers)].run_episode(rng.randrange(TRAIN_SEED_SPACE))
+                      for i in range(cfg.episodes_per_step)]
             demos = [t for t in played if t.status in (Status.FINISHED, Status.TRUNCATED)]
             failed = [t for t in played if t.status not in (Status.FINISHED, Status.TRUNCATED)]
             if not demos:
@@ -89,10 +91,14 @@ async def run_warmup(trainer, specs: list[EnvSpec], formatter: ChatFormatter, cf
                 log.warning("warm-start step %d: %d of %d demonstrations failed (first: %s: %s)", step,
                             len(failed), len(played), failed[0].status, failed[0].error)
             metrics = trainer.sft_step(demos, cfg.lr)
+            success = sum(d.success for d in demos) / len(demos)
             if log_row is not None:
-                log_row({"sft_step": step, **metrics, "demo_success_rate": sum(d.success for d in demos) / len(demos),
-                         "demos_failed": len(failed)})
+                log_row({"sft_step": step, **metrics, "demo_success_rate": success, "demos_failed": len(failed)})
+            bar.set_postfix(demo_succ=f"{success:.2f}", refresh=False)
+            bar.update(1)
         trainer.reset_reference()  # RL's KL term anchors to the warm-started model
     finally:
-        await asyncio.gather(*(manager.close() for manager in managers))
+        bar.close()
+        for manager in managers:
+            await manager.close()
         workers.close()

@@ -94,3 +94,14 @@ def test_steps_between_dumps_and_groups_per_dump(tmp_path, formatter):
     assert len(picked) == 2 and picked == dumps.pick(4, batch)  # the same groups for a step, every time
     assert TrajectoryDumps(tmp_path, TrajectoryLogConfig(every=0), formatter).pick(4, batch) == []
     dumps.close()
+
+
+def test_a_resumed_run_drops_the_dumps_of_the_steps_it_redoes(tmp_path, formatter):
+    folder = tmp_path / "trajectories"
+    folder.mkdir()
+    for step in (1, 2, 3):
+        (folder / f"step_{step}.jsonl.gz").write_bytes(b"")
+    TrajectoryDumps(tmp_path, TrajectoryLogConfig(), formatter, first_step=2).close()
+    assert sorted(p.name for p in folder.iterdir()) == ["step_1.jsonl.gz", "step_2.jsonl.gz"]
+    TrajectoryDumps(tmp_path, TrajectoryLogConfig(), formatter).close()  # a fresh run
+    assert list(folder.iterdir()) == []

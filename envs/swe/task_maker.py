@@ -286,7 +286,7 @@ def make_tasks(cfg: MakerConfig) -> list[dict[str, Any]]:
             runner = _Runner(sb, get_parser("pytest"))
             baseline, timeout = _baseline(runner, full_cmd, cfg)
             cfg.log(f"baseline: {len(baseline)} passing tests; per-run limit {timeout:.0f}s")
-            tried = 0
+            tried, t_loop = 0, time.monotonic()
             for m in candidates:
                 if len(found) >= cfg.max_tasks:
                     break
@@ -299,9 +299,10 @@ def make_tasks(cfg: MakerConfig) -> list[dict[str, Any]]:
                         results.get(t) in PASSING for t in task.failing + task.passing)
                 if task is not None and not clean[tuple(task.test_files)]:
                     task, why = None, "the original tree fails the scoped tests"
-                cfg.log(f"[{tried}/{len(candidates)}] {m.description}: {why}")
                 if task is not None:
                     found.append(task)
+                cfg.log(f"[{tried}/{len(candidates)}] {m.description}: {why} | "
+                        f"{progress(tried, len(candidates), len(found), cfg.max_tasks, time.monotonic() - t_loop)}")
         cfg.log(f"{len(found)} tasks from {tried} mutations in {time.monotonic() - t0:.0f}s")
         instances, seen = [], set()
         for task in found:
@@ -310,3 +311,18 @@ def make_tasks(cfg: MakerConfig) -> list[dict[str, Any]]:
                 seen.add(inst["instance_id"])
                 instances.append(inst)
         return instances
+
+
+def progress(tried: int, candidates: int, found: int, wanted: int, elapsed: float) -> str:
+    """Tasks so far, the rate and an ETA: the run ends at `wanted` tasks or when the candidates
+    run out, whichever comes first at the yield so far."""
+    per = elapsed / max(tried, 1)
+    left = candidates - tried
+    if found:
+        left = min(left, round((wanted - found) * tried / found))
+    return f"{found}/{wanted} tasks, {60 / per if per else 0:.1f} mutations/min, ETA {duration(max(left, 0) * per)}"
+
+
+def duration(seconds: float) -> str:
+    minutes, secs = divmod(int(seconds), 60)
+    return f"{minutes // 60}h{minutes % 60:02d}m" if minutes >= 60 else f"{minutes}m{secs:02d}s"

@@ -10,6 +10,7 @@ from envs.swe.instance import write_jsonl
 from roll_agent.config import load_config
 from roll_agent.metrics import read_rows
 from roll_agent.run import train
+from roll_agent.trajectory_dumps import read_dumps
 from tests.conftest import run
 
 CONFIG = Path(__file__).parents[2] / "configs" / "swe.yaml"
@@ -35,3 +36,10 @@ def test_swe_config_trains_two_steps(swe_instance, tmp_path):
     evals = [r for r in rows if "eval_success_rate" in r]
     assert [r["step"] for r in evals] == [0, 2] and all(r["eval_episodes"] == 2 for r in evals)
     assert (tmp_path / "run" / "checkpoints" / "step_000002" / "model").is_dir()
+    # the rollout dumps keep each SWE episode's end: its diff (maybe empty) and how it was graded
+    dumped = read_dumps(tmp_path / "run")
+    assert {e["kind"] for e in dumped} == {"train", "eval"}
+    graded = [e for e in dumped if "grade_status" in e["info"]]
+    assert graded and all("patch" in e["info"] and e["info"]["instance_id"] == swe_instance.instance_id
+                          for e in graded)
+    assert all("grade_log" in e["info"] for e in graded)

@@ -252,3 +252,12 @@ def test_shipped_dataset_is_consistent():
         assert i.extra["source"].startswith("pypi:") and len(i.extra["source_sha256"]) == 64
         assert all(t in i.problem_statement for t in i.FAIL_TO_PASS[:15]), i.instance_id
         assert not set(_patch_lines(i.patch)) & set(i.problem_statement.splitlines()), i.instance_id
+
+
+def test_a_long_make_shows_its_rate_and_eta():
+    from envs.swe.task_maker import progress
+
+    # 1 task from 3 mutations in 90 s: 27 more mutations for the 9 left at that yield, 30 s each
+    assert progress(3, 60, 1, 10, 90.0) == "1/10 tasks, 2.0 mutations/min, ETA 13m30s"
+    assert progress(3, 60, 0, 10, 90.0).endswith("ETA 28m30s")  # no yield yet: every candidate left
+    assert progress(30, 60, 10, 10, 900.0).endswith("ETA 0m00s")
