@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import threading
 from functools import partial
@@ -42,9 +43,27 @@ def load_run(run_dir: Path) -> tuple[dict, list[dict]]:
     return {"name": run_dir.resolve().name, "metrics": metrics, "episodes": index}, episodes
 
 
+def to_json(value) -> str:
+    """JSON a browser parses: a NaN or infinity (an env's info, a diverged metric) becomes null."""
+    try:
+        return json.dumps(value, allow_nan=False)
+    except ValueError:
+        return json.dumps(_finite(value), allow_nan=False)
+
+
+def _finite(value):
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_finite(v) for v in value]
+    return value
+
+
 def page(embedded: dict | None = None) -> str:
     """The viewer page; with `embedded` ({"run": ..., "episodes": [...]}) it needs no server."""
-    data = "null" if embedded is None else json.dumps(embedded).replace("</", "<\\/")
+    data = "null" if embedded is None else to_json(embedded).replace("</", "<\\/")
     return PAGE.read_text().replace("__EMBEDDED__", data)
 
 
@@ -79,7 +98,7 @@ class _Handler(BaseHTTPRequestHandler):
             return self._json({"error": str(exc)}, 400)
 
     def _json(self, value, status: int = 200) -> None:
-        self._send(status, "application/json", json.dumps(value).encode())
+        self._send(status, "application/json", to_json(value).encode())
 
     def _send(self, status: int, kind: str, body: bytes) -> None:
         self.send_response(status)

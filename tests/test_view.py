@@ -104,3 +104,9 @@ def test_a_person_reads_a_run_in_the_browser(dumped_run, tmp_path):
     finally:
         browser.close()
         server.shutdown()
+
+
+def test_a_nan_in_a_run_does_not_break_the_page():
+    from roll_agent.view import to_json
+
+    assert json.loads(to_json({"a": [1.0, float("nan")], "b": {"c": float("inf")}})) == {"a": [1.0, None], "b": {"c": None}}
