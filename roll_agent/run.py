@@ -22,13 +22,16 @@ from roll_agent.rollout.chat import ChatFormatter
 from roll_agent.rollout.envs import check_env_specs
 from roll_agent.runtime import open_runtime
 from roll_agent.tiny_model import prepare_model
+from roll_agent.trackers import check_trackers
 from roll_agent.trajectory_dumps import TrajectoryDumps
 from roll_agent.warmup import run_warmup
 
 
 def check_startup(cfg: Config) -> None:
-    """What a user's config names must exist before any work: the envs (each made once) and the model."""
+    """What a user's config names must exist before any work: the envs (each made once), the
+    trackers and the model."""
     check_env_specs(cfg.envs)
+    check_trackers(cfg.logging)
     path = cfg.model.path
     if path and not Path(path, "config.json").is_file() and not _in_hub_cache(path):
         where = "a directory without config.json" if Path(path).is_dir() else "not a directory"

@@ -7,21 +7,24 @@ later. MLflow logs to a local store in the run's folder: an SQLite file, `output
 (MLflow's own recommendation for local use: its `./mlruns` file store is in maintenance mode
 and refuses to open since MLflow 3.7), artifacts in `output_dir/mlartifacts/`; `mlflow ui
 --backend-store-uri sqlite:///output_dir/mlflow.db` shows it. `logging.mlflow_uri` names a
-tracking server (or another store) instead. Each tracker
-takes the same rows: numbers as scalars at the row's `step`, and tables (the rollout sample of
-roll_agent/rollout_dumps.py) where the tracker has them.
+tracking server (or another store) instead. Each tracker takes the same rows: numbers as
+scalars at the row's `step`, and tables (the rollout sample of roll_agent/trajectory_dumps.py)
+where the tracker has them.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import re
 import time
 from pathlib import Path
 
-from roll_agent.config import LoggingConfig
+from roll_agent.config import ConfigError, LoggingConfig
 
-EXTRA = {"wandb": "wandb", "mlflow": "mlflow-skinny"}  # what `pip install` needs for each
+# what each tracker imports, and what `pip install` needs for it
+NEEDS = {"tensorboard": ("tensorboard", "tensorboard"), "wandb": ("wandb", "wandb"),
+         "mlflow": ("mlflow", "mlflow-skinny sqlalchemy alembic")}
 
 
 class TensorBoardTracker:
@@ -103,18 +106,18 @@ class MlflowTracker:
 TRACKERS = {"tensorboard": TensorBoardTracker, "wandb": WandbTracker, "mlflow": MlflowTracker}
 
 
-def open_trackers(out: Path, cfg: LoggingConfig, run_config: dict) -> list:
-    trackers = []
+def check_trackers(cfg: LoggingConfig) -> None:
+    """Each tracker `logging.backends` names is installed (checked at start-up, before any work)."""
     for name in cfg.backends:
-        if name == "jsonl":
-            continue
-        try:
-            trackers.append(TRACKERS[name](out, cfg, run_config))
-        except ImportError as exc:
-            raise RuntimeError(f"logging.backends names {name}, which is not installed ({exc}): "
-                               f"pip install {EXTRA[name]} (or the 'trackers' extra: pip install -e '.[trackers]'), "
-                               f"or leave {name} out of logging.backends") from exc
-    return trackers
+        if name in NEEDS and importlib.util.find_spec(NEEDS[name][0]) is None:
+            raise ConfigError(f"logging.backends names {name}, which is not installed: pip install {NEEDS[name][1]} "
+                              f"(or the 'trackers' extra: pip install -e '.[trackers]'), or leave {name} out of "
+                              "logging.backends")
+
+
+def open_trackers(out: Path, cfg: LoggingConfig, run_config: dict) -> list:
+    check_trackers(cfg)
+    return [TRACKERS[name](out, cfg, run_config) for name in cfg.backends if name != "jsonl"]
 
 
 def _flatten(config: dict, prefix: str = "") -> dict:

@@ -87,3 +87,14 @@ def test_backends_are_checked_when_the_config_is_read():
         load_config(overrides=["logging.backends=[jsonl, mlfow]"])
     with pytest.raises(ConfigError, match="wandb_mode"):
         load_config(overrides=["logging.wandb_mode=cloud"])
+
+
+def test_a_tracker_that_is_not_installed_is_a_config_error_naming_the_install(monkeypatch):
+    import importlib.util
+
+    from roll_agent.run import check_startup
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "wandb" else real(name, *a))
+    with pytest.raises(ConfigError, match="pip install wandb"):
+        check_startup(load_config(overrides=["logging.backends=[jsonl, wandb]"]))
