@@ -154,7 +154,7 @@ class SWEEnv(gymnasium.Env):
         self.last_grade = result
         self.last_episode["grade_status"] = result.status
         info = {**self._info(result.resolved, False), "patch": patch, "grade_status": result.status,
-                "grade_reason": result.reason, "grade_log": result.log, "end": how}
+                "grade_reason": result.reason, "end": how}
         obs = f"Submitted ({how}). Grade: {result.status}" + (f" ({result.reason})" if result.reason else "")
         return clean(obs), float(result.reward), how == "submitted", how == "turn_limit", info
 

@@ -42,4 +42,3 @@ def test_swe_config_trains_two_steps(swe_instance, tmp_path):
     graded = [e for e in dumped if "grade_status" in e["info"]]
     assert graded and all("patch" in e["info"] and e["info"]["instance_id"] == swe_instance.instance_id
                           for e in graded)
-    assert all("grade_log" in e["info"] for e in graded)
