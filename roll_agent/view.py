@@ -31,6 +31,19 @@ PAGE = Path(__file__).with_name("view_page.html")
 INDEX_KEYS = ("step", "kind", "env_tag", "seed", "group_id", "status", "reward", "success", "num_turns")
 
 
+_CACHE: dict = {}  # run dir -> (what its files were: names, sizes, mtimes; the loaded run)
+
+
+def load_run_cached(run_dir: Path) -> tuple[dict, list[dict]]:
+    """`load_run`, read again only when the run's files changed (the server answers many requests)."""
+    run_dir = Path(run_dir)
+    files = [run_dir / "metrics.jsonl", *sorted((run_dir / "trajectories").glob("*.jsonl.gz"))]
+    stamp = [(str(p), p.stat().st_size, p.stat().st_mtime_ns) for p in files if p.exists()]
+    if _CACHE.get(run_dir, (None,))[0] != stamp:
+        _CACHE[run_dir] = (stamp, load_run(run_dir))
+    return _CACHE[run_dir][1]
+
+
 def load_run(run_dir: Path) -> tuple[dict, list[dict]]:
     """(the run: name, metric rows, an index row per episode), and the episodes themselves."""
     run_dir = Path(run_dir)
@@ -86,9 +99,9 @@ class _Handler(BaseHTTPRequestHandler):
             if path in ("/", "/index.html"):
                 return self._send(200, "text/html; charset=utf-8", page().encode())
             if path == "/api/run":
-                return self._json(load_run(self.run_dir)[0])
+                return self._json(load_run_cached(self.run_dir)[0])
             if path.startswith("/api/episode/"):
-                episodes = load_run(self.run_dir)[1]
+                episodes = load_run_cached(self.run_dir)[1]
                 i = int(path.rsplit("/", 1)[1])
                 if not 0 <= i < len(episodes):
                     return self._json({"error": f"no episode {i} (the run has {len(episodes)})"}, 404)

@@ -125,6 +125,7 @@ class EnvManager:
             async with self.watchdog.watch("episode", f"episode of env {self.env_id} (seed {seed})",
                                            self.cfg.episode_timeout_s):
                 await self._play(traj, seed, greedy)
+            traj.keep_info(self.info)  # the env's last info, once per episode (a SWE episode's patch and grade)
         except (EnvStepError, asyncio.TimeoutError) as exc:
             traj.status = Status.ENV_ERROR
             traj.error = str(exc) or f"episode timed out after {self.cfg.episode_timeout_s:.0f}s"
@@ -202,7 +203,6 @@ class EnvManager:
             traj.num_turns += 1
             obs, reward, terminated, truncated, info = await self._step(self.formatter.response_text(result.token_ids))
             self.info = info
-            traj.keep_info(info)
             gen_s, env_s = gen_s + t1 - t0, env_s + time.perf_counter() - t1
             traj.step_rewards.append(float(reward))
             traj.metrics["invalid_actions"] = traj.metrics.get("invalid_actions", 0) + bool(info.get("invalid_action"))
@@ -242,7 +242,7 @@ class EnvManager:
             return
         t1 = time.perf_counter()
         _, reward, terminated, truncated, info = await self._step(result)
-        traj.keep_info(info)
+        self.info = info
         traj.timing["env_s"] = time.perf_counter() - t1
         traj.step_rewards.append(float(reward))
         traj.status = Status.TRUNCATED if session.truncated or truncated or not terminated else Status.FINISHED
