@@ -44,6 +44,7 @@ class SimulatedEnv(gymnasium.Env):
         self.action_space = spaces.Text(max_length=100_000, charset=CHARSET)
         self._rng = random.Random(0)
         self._t = 0
+        self._latency_s = 0.0
         self._len = episode_len
         self._seed = 0
         if not async_step:
@@ -60,6 +61,7 @@ class SimulatedEnv(gymnasium.Env):
         self._rng = random.Random(self._seed)
         self._len = self._rng.randint(self.min_len, self.episode_len)
         self._t = 0
+        self._latency_s = 0.0  # what this episode's steps waited, for its episode report
         info = {"instructions": "Answer with any text. This env is simulated.", "success": False, "invalid_action": False}
         return f"task {self._seed} step 0", info
 
@@ -78,11 +80,14 @@ class SimulatedEnv(gymnasium.Env):
         """Latency and fate of this step, drawn from the episode's own RNG stream."""
         latency = self.sample_latency(random.Random(f"{self._seed}-{self._t}-{self._instance}"))
         roll = random.Random(f"fault-{self._seed}-{self._t}-{self._instance}").random()
-        if roll < self.fail_prob:
-            return latency, "fail"
-        if roll < self.fail_prob + self.hang_prob:
-            return self.hang_s, "hang"
-        return latency, "ok"
+        fate = "fail" if roll < self.fail_prob else "hang" if roll < self.fail_prob + self.hang_prob else "ok"
+        latency = self.hang_s if fate == "hang" else latency
+        self._latency_s += latency
+        return latency, fate
+
+    def episode_report(self) -> dict:
+        """What the episode's steps waited (it differs between instances, so it stays out of info)."""
+        return {"latency_s": round(self._latency_s, 6)}
 
     def _advance(self, action: str, fate: str):
         if fate == "fail":

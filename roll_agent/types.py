@@ -26,6 +26,13 @@ INFO_TEXT_LIMIT = 20_000  # characters kept of each string in Trajectory.info (a
 _PROCESS = uuid.uuid4().hex[:8]  # request ids stay unique when many processes (Ray actors) share one proxy
 
 
+def _head_and_tail(text: str, limit: int = INFO_TEXT_LIMIT) -> str:
+    if len(text) <= limit:
+        return text
+    cut = f"\n[... {len(text) - limit} characters left out ...]\n"
+    return text[:limit // 2] + cut + text[-(limit // 2):]
+
+
 def next_request_id(prefix: str = "req") -> str:
     return f"{prefix}-{_PROCESS}-{next(_request_ids)}"
 
@@ -91,7 +98,8 @@ class Trajectory:
     timing: dict[str, float] = field(default_factory=dict)
     metrics: dict[str, float] = field(default_factory=dict)
     # the env's last info, its plain values (a SWE episode's patch and grade), for the rollout
-    # dumps (roll_agent/trajectory_dumps.py); strings capped at INFO_TEXT_LIMIT characters
+    # dumps (roll_agent/trajectory_dumps.py) and the env's episode report; strings capped at
+    # INFO_TEXT_LIMIT characters (head and tail: a log's end says how it ended)
     info: dict = field(default_factory=dict)
     # an agent episode's further samples: when the agent's history stopped being a prefix of what
     # the model saw (roll_agent/agents/sessions.py), each new segment is trained as its own sample,
@@ -99,7 +107,7 @@ class Trajectory:
     segments: list[Trajectory] = field(default_factory=list)
 
     def keep_info(self, info: dict) -> None:
-        self.info = {str(k): (v[:INFO_TEXT_LIMIT] if isinstance(v, str) else v) for k, v in info.items()
+        self.info = {str(k): (_head_and_tail(v) if isinstance(v, str) else v) for k, v in info.items()
                      if isinstance(v, (str, int, float, bool)) or v is None}
 
     def samples(self) -> list[Trajectory]:

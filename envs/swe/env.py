@@ -158,6 +158,13 @@ class SWEEnv(gymnasium.Env):
         obs = f"Submitted ({how}). Grade: {result.status}" + (f" ({result.reason})" if result.reason else "")
         return clean(obs), float(result.reward), how == "submitted", how == "turn_limit", info
 
+    def episode_report(self) -> dict:
+        """The last episode's grading log (each grading command, its output, exit code and time) for
+        the rollout dumps; not in `info`, whose seeded episodes must repeat exactly."""
+        if self.last_grade is None:
+            return {}
+        return {"grade_log": self.last_grade.log, "grade_duration_s": round(self.last_grade.duration_s, 3)}
+
     def evaluate(self, result=None) -> tuple[float, dict]:
         """Grade the work in the sandbox now, as a submit would: for an agent that ran its own loop
         in this env's sandbox (roll_agent/Agent-v0 with this env as its task_env); `result` unused."""

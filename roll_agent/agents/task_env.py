@@ -105,7 +105,12 @@ class AgentTaskEnv(gymnasium.Env):
             raise ValueError(f"the agent returned {type(result).__name__}, not a number, and the env has no reward "
                              "function: give reward: module:function (called as reward(task, result))")
         reward = float(reward)
-        return "", reward, True, False, {"success": bool(info.get("success", reward > 0))}
+        return "", reward, True, False, {**info, "success": bool(info.get("success", reward > 0))}
+
+    def episode_report(self) -> dict:
+        """The task env's report of the episode the agent just ran in it (a SWE grading log)."""
+        report = getattr(self.inner.unwrapped, "episode_report", None) if self.inner is not None else None
+        return report() if report is not None else {}
 
     def close(self) -> None:
         if self.inner is not None:

@@ -116,6 +116,22 @@ class EnvManager:
             return await self._call(self.env.step, action, timeout=self.cfg.step_timeout_s)
         return await self._await("astep", astep, action, timeout=self.cfg.step_timeout_s)
 
+    async def _episode_report(self) -> dict:
+        """The env's optional `episode_report()`: extras of the episode just ended for the rollout
+        dumps that may differ from run to run (a SWE grading log with its timings), kept out of
+        `info` so that a seeded episode's infos stay reproducible (roll_agent/check_env.py).
+        A report that fails is logged and left out: the episode stands."""
+        env = self.env.unwrapped
+        try:
+            areport = getattr(env, "aepisode_report", None)  # an env in a worker process
+            if areport is not None:
+                return dict(await areport())
+            report = getattr(env, "episode_report", None)
+            return dict(report()) if report is not None else {}
+        except Exception:
+            log.warning("episode_report() of env %s failed", self.env_id, exc_info=True)
+            return {}
+
     async def run_episode(self, seed: int, group_id: int = -1, greedy: bool = False) -> Trajectory:
         traj = Trajectory(group_id=group_id, env_id=self.env_id, env_tag=self.tag, seed=seed,
                           start_version=self.proxy.version)
@@ -125,7 +141,9 @@ class EnvManager:
             async with self.watchdog.watch("episode", f"episode of env {self.env_id} (seed {seed})",
                                            self.cfg.episode_timeout_s):
                 await self._play(traj, seed, greedy)
-            traj.keep_info(self.info)  # the env's last info, once per episode (a SWE episode's patch and grade)
+            # the env's last info and its episode report, once per episode (a SWE episode's patch,
+            # grade and grading log)
+            traj.keep_info({**self.info, **await self._episode_report()})
         except (EnvStepError, asyncio.TimeoutError) as exc:
             traj.status = Status.ENV_ERROR
             traj.error = str(exc) or f"episode timed out after {self.cfg.episode_timeout_s:.0f}s"

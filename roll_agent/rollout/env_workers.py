@@ -90,6 +90,9 @@ def serve(fd: int) -> None:
                 result = hosted[key].step(args[0])
             elif op == "call":  # a method of the env itself (the warm-start's expert_action)
                 result = getattr(hosted[key].unwrapped, args[0])(*args[1:])
+            elif op == "report":  # the env's optional episode_report() (roll_agent/rollout/env_manager.py)
+                report = getattr(hosted[key].unwrapped, "episode_report", None)
+                result = report() if report is not None else {}
             elif op == "close":
                 env = hosted.pop(key, None)
                 result = env.close() if env is not None else None
@@ -296,6 +299,10 @@ class WorkerEnv:
     async def acall(self, method: str, *args):
         """`env.unwrapped.<method>(*args)` in the worker (e.g. `expert_action`)."""
         return await self._call("call", method, *args)
+
+    async def aepisode_report(self) -> dict:
+        """The env's `episode_report()` in the worker, {} when it has none."""
+        return await self._call("report")
 
     def close(self, kill_if_pending: bool = True) -> None:
         """Thread-safe, returns at once. With a call still pending (a step past its timeout, hung

@@ -9,6 +9,7 @@ from envs.swe.instance import write_jsonl
 from roll_agent.config import load_config
 from roll_agent.metrics import read_rows
 from roll_agent.run import train
+from roll_agent.trajectory_dumps import read_dumps
 from tests.agents import mini_swe_script
 from tests.conftest import run
 from tests.test_run import SMALL
@@ -28,7 +29,7 @@ def mini_cfg(tmp_path, dataset, sandbox: str):
         "rollout.num_env_groups=2", "rollout.groups_per_batch=2", "rollout.group_size=2",
         "rollout.group_size_redundancy=0", "rollout.max_turns=4", "rollout.max_new_tokens=1024",
         "rollout.max_context_tokens=16384", "model.tiny.max_position_embeddings=16384", "eval.num_episodes=0",
-        "model.tiny.corpus_episodes=1", envs])
+        "model.tiny.corpus_episodes=1", "logging.trajectories.groups=2", envs])
 
 
 @pytest.mark.slow
@@ -52,3 +53,10 @@ def test_mini_swe_agent_resolves_one_task_and_not_the_other_and_both_train(tmp_p
         assert r["reward_mean/resolved"] == 1.0 and r["success_rate/resolved"] == 1.0
         assert r["reward_mean/unresolved"] == 0.0
         assert r["agent_calls_per_episode"] >= 1 and r["train_tokens"] > 0
+    # the dumps keep the task env's grade and its grading log (Agent-v0 passes them through)
+    dumped = read_dumps(tmp_path / "run")
+    assert {e["env_tag"] for e in dumped} == {"resolved", "unresolved"}
+    for e in dumped:  # the second task's agent submits no diff: graded empty, nothing run
+        resolved = e["env_tag"] == "resolved"
+        assert e["info"]["grade_status"] == ("resolved" if resolved else "empty_patch"), e["info"]
+        assert e["info"]["grade_log"].startswith("$ ") if resolved else e["info"]["grade_log"] == "", e["info"]

@@ -149,3 +149,26 @@ def test_a_call_hung_past_its_timeout_takes_its_worker_down_and_the_next_env_get
 
     obs, moved, restarts = run(go())
     assert obs and moved and restarts == 1
+
+
+@pytest.mark.parametrize("where", ["thread", "async", "worker"])
+def test_the_envs_episode_report_reaches_the_trajectory_wherever_the_env_runs(formatter, where):
+    """An env's optional episode_report() (run-to-run extras, kept out of info) joins the
+    episode's kept info, from a blocking env, an async env and an env in a worker process."""
+    rollout = RolloutConfig(async_ratio=0, num_env_groups=1, groups_per_batch=1, group_size=2,
+                            group_size_redundancy=0, max_turns=3)
+    spec = EnvSpec(id="roll_agent/Simulated-v0", workers=1 if where == "worker" else 0,
+                   kwargs={"episode_len": 2, "latency": "fixed", "mean_s": 0.01, "async_step": where == "async"})
+    stack = build(formatter, rollout, specs=[spec])
+
+    async def go():
+        try:
+            return await train_loop(stack, steps=1)
+        finally:
+            await stack.close()
+
+    [(_, batch)] = run(go())
+    for traj in batch[0].trajectories:
+        # two steps of 10 ms each: the report, beside the last step's info
+        assert traj.info["latency_s"] == pytest.approx(0.01 * traj.num_turns), traj.info
+        assert traj.info["invalid_action"] is False

@@ -36,9 +36,13 @@ def test_swe_config_trains_two_steps(swe_instance, tmp_path):
     evals = [r for r in rows if "eval_success_rate" in r]
     assert [r["step"] for r in evals] == [0, 2] and all(r["eval_episodes"] == 2 for r in evals)
     assert (tmp_path / "run" / "checkpoints" / "step_000002" / "model").is_dir()
-    # the rollout dumps keep each SWE episode's end: its diff (maybe empty) and how it was graded
+    # the rollout dumps keep each SWE episode's end: its diff (maybe empty), how it was graded
+    # and the grading log (the env's episode_report: its timings keep it out of info)
     dumped = read_dumps(tmp_path / "run")
     assert {e["kind"] for e in dumped} == {"train", "eval"}
     graded = [e for e in dumped if "grade_status" in e["info"]]
     assert graded and all("patch" in e["info"] and e["info"]["instance_id"] == swe_instance.instance_id
                           for e in graded)
+    for e in graded:  # an empty patch (the tiny model's usual) is not run: an empty log
+        log = e["info"]["grade_log"]
+        assert (log == "") if e["info"]["grade_status"] == "empty_patch" else log.startswith("$ "), log
