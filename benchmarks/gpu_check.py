@@ -115,6 +115,8 @@ def _broadcast_worker(rank: int, world: int, port: int, path: str, backend: str,
     try:
         model = AutoModelForCausalLM.from_pretrained(path).to(device)
         named = list(model.named_parameters())
+        with torch.no_grad():
+            loaded = float(sum(p.double().sum() for _, p in named))  # the checkpoint's, as loaded
         if rank == 1:
             with torch.no_grad():
                 for _, p in named:
@@ -129,7 +131,7 @@ def _broadcast_worker(rank: int, world: int, port: int, path: str, backend: str,
                 torch.cuda.synchronize()
         with torch.no_grad():
             checksum = float(sum(p.double().sum() for _, p in named))
-        results[rank] = (reports[-1]["bytes"], min(r["seconds"] for r in reports[1:]), checksum)
+        results[rank] = (reports[-1]["bytes"], min(r["seconds"] for r in reports[1:]), loaded, checksum)
     finally:
         dist.destroy_process_group()
 
@@ -143,10 +145,11 @@ def broadcast_check(path: str, backend: str) -> dict:
         port = s.getsockname()[1]
     results = mp.Manager().dict()
     mp.spawn(_broadcast_worker, args=(world, port, path, backend, results), nprocs=world, join=True)
-    nbytes, seconds, checksum = results[0]
-    if world == 2:
-        assert results[1][2] == checksum, "the receiver's weights differ from the sender's"
-    return {"world": world, "bytes": nbytes, "seconds": seconds, "checksum_ok": True}
+    nbytes, seconds, loaded, _ = results[0]
+    # every rank (the receiver was zeroed first; a world of one: the sender) ends holding the
+    # checkpoint's weights, summed in float64
+    checksum_ok = all(results[rank][3] == loaded for rank in range(world))
+    return {"world": world, "bytes": nbytes, "seconds": seconds, "checksum_ok": checksum_ok}
 
 
 # ---- the check ------------------------------------------------------------------------
@@ -250,10 +253,12 @@ def run_check(kind: str, root: Path) -> int:
 
     def bcast():
         r = broadcast_check(path, backend)
-        rep.values.update(bcast_s=r["seconds"], bcast_gb_per_s=r["bytes"] / 2**30 / r["seconds"])
+        rep.values.update(bcast_s=r["seconds"], bcast_gb_per_s=r["bytes"] / 2**30 / r["seconds"],
+                          bcast_checksum_ok=r["checksum_ok"])
         print(f"    {backend}, world {r['world']}: {r['bytes'] / 2**20:.0f} MB in {r['seconds'] * 1e3:.1f} ms "
               f"({r['bytes'] / 2**30 / r['seconds']:.2f} GB/s)"
               + ("" if r["world"] == 2 else "; one GPU: no peer, packing + the collective only"))
+        assert r["checksum_ok"], "after the broadcast a rank's weights differ from the checkpoint's"
     rep.step(f"bucketed broadcast ({backend})", bcast)
 
     if engine is not None:

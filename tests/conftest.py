@@ -40,7 +40,8 @@ def _restore_process_state():
         warnings.warn("the test left Ray initialised: shut down here", stacklevel=1)
         ray.shutdown()
     for d in set(Path(tempfile.gettempdir()).glob("roll-ray-*")) - ray_dirs:
-        shutil.rmtree(d, ignore_errors=True)
+        if not _in_use(d):  # not a concurrent test session's live cluster (its sockets are in there)
+            shutil.rmtree(d, ignore_errors=True)
     if (pool := sys.modules.get("sandboxes.pool")) is not None:
         pool.shutdown_pools()
     os.environ.clear()
@@ -51,6 +52,18 @@ def _restore_process_state():
     for sig, handler in handlers.items():
         if signal.getsignal(sig) is not handler and handler is not None:
             signal.signal(sig, handler)
+
+
+def _in_use(ray_dir: Path) -> bool:
+    """Whether a running process (a concurrent test session's Ray cluster) names this temp dir."""
+    needle = str(ray_dir).encode()
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            if needle in Path(f"/proc/{pid}/cmdline").read_bytes():
+                return True
+        except OSError:
+            continue
+    return False
 
 
 @contextlib.contextmanager
