@@ -1,6 +1,7 @@
-"""Trained samples/s with faulty envs (10% of steps raise, 5% hang) vs fault-free, side by side.
+"""Trained samples/s with faulty envs (10% of steps raise, 5% hang) vs fault-free, side by side,
+at the default run's topology (the headline) and at a tuned one.
 
-Both arms run the same config in this process, alternating (A B A B ...) so machine noise
+Both arms of a topology run the same config in this process, alternating (A B A B ...) so machine noise
 hits both: the real rollout stack (LLMProxy + scripted engines, EnvManagers, groups,
 SampleBuffer) on the simulated env, with the trainer played by a fixed sleep per step.
 
@@ -30,7 +31,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.common import build_stack, make_formatter, result_line, sim_spec, table  # noqa: E402
-from roll_agent.config import RolloutConfig, ScriptedEngineConfig  # noqa: E402
+from roll_agent.config import RolloutConfig, ScriptedEngineConfig, load_config  # noqa: E402
 from roll_agent.controller import update_weights  # noqa: E402
 
 
@@ -55,6 +56,17 @@ async def run_arm(formatter, cfg: RolloutConfig, env: dict, engine_cfg, batches:
             "accounted": identity_ok and acc["accounting_ok"], "stuck": stack.watchdog.stats["stuck_env"], **acc}
 
 
+def topologies(args) -> dict[str, RolloutConfig]:
+    """The default run's (configs/default.yaml: 8 groups of 8 + 1 redundant env, 8-group batches)
+    and the tuned one (`--lanes` groups of `--group-size` + `--redundancy`)."""
+    d = load_config(None).rollout
+    common = dict(async_ratio=2, max_turns=4, step_timeout_s=args.step_timeout_s)
+    return {"default": RolloutConfig(num_env_groups=d.num_env_groups, groups_per_batch=d.groups_per_batch,
+                                     group_size=d.group_size, group_size_redundancy=d.group_size_redundancy, **common),
+            "tuned": RolloutConfig(num_env_groups=args.lanes, groups_per_batch=args.groups_per_batch,
+                                   group_size=args.group_size, group_size_redundancy=args.redundancy, **common)}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--batches", type=int, default=12)
@@ -64,51 +76,55 @@ def main() -> None:
     ap.add_argument("--step-ms", type=float, default=50.0)
     ap.add_argument("--step-timeout-s", type=float, default=0.5)
     ap.add_argument("--train-s", type=float, default=0.1)
-    ap.add_argument("--group-size", type=int, default=4)
-    ap.add_argument("--redundancy", type=int, default=4)
-    ap.add_argument("--lanes", type=int, default=12)
-    ap.add_argument("--groups-per-batch", type=int, default=8)
+    ap.add_argument("--group-size", type=int, default=4, help="the tuned topology's group size")
+    ap.add_argument("--redundancy", type=int, default=4, help="the tuned topology's redundant envs per group")
+    ap.add_argument("--lanes", type=int, default=12, help="the tuned topology's env groups")
+    ap.add_argument("--groups-per-batch", type=int, default=8, help="the tuned topology's groups per batch")
     args = ap.parse_args()
     logging.getLogger("roll_agent.watchdog").setLevel(logging.ERROR)  # one line per hung step: counted instead
 
-    cfg = RolloutConfig(async_ratio=2, num_env_groups=args.lanes, groups_per_batch=args.groups_per_batch,
-                        group_size=args.group_size, group_size_redundancy=args.redundancy, max_turns=4,
-                        step_timeout_s=args.step_timeout_s)
+    configs = topologies(args)
     mean = args.step_ms / 1000
     clean = dict(latency="normal", mean_s=mean, std_s=0.4 * mean, episode_len=3)
     faulty = dict(clean, fail_prob=args.fail, hang_prob=args.hang, hang_s=3600.0)
     engine_cfg = ScriptedEngineConfig(response_tokens=4, token_latency_s=0.002)
     formatter = make_formatter()
-    arms: dict[str, list[dict]] = {"fault-free": [], "faulty": []}
+    arms: dict[tuple[str, str], list[dict]] = {(t, a): [] for t in configs for a in ("fault-free", "faulty")}
     for _ in range(args.rounds):
-        for name, env in (("fault-free", clean), ("faulty", faulty)):
-            arms[name].append(asyncio.run(run_arm(formatter, cfg, env, engine_cfg, args.batches, args.train_s)))
+        for (topology, name), results in arms.items():
+            env = clean if name == "fault-free" else faulty
+            results.append(asyncio.run(run_arm(formatter, configs[topology], env, engine_cfg, args.batches,
+                                               args.train_s)))
 
-    rows = []
-    for name, results in arms.items():
+    rows, rate = [], {}
+    for (topology, name), results in arms.items():
         last = results[-1]
-        rows.append((name, statistics.mean(r["samples_per_s"] for r in results), last["episodes_total_started"],
+        rate[topology, name] = statistics.mean(r["samples_per_s"] for r in results)
+        cfg = configs[topology]
+        rows.append((topology, f"{cfg.num_env_groups} x ({cfg.group_size}+{cfg.group_size_redundancy})", name,
+                     rate[topology, name], last["episodes_total_started"],
                      last["episodes_total_finished"] + last["episodes_total_truncated"],
                      last["episodes_total_cancelled"], last["episodes_total_env_error"],
                      last["episodes_total_stale_dropped"], last["episodes_in_flight"], last["stuck"],
                      str(last["accounting_ok"])))
     print(f"{args.fail:.0%} failing steps, {args.hang:.0%} hanging steps; step ~normal({args.step_ms:.0f} ms, "
           f"{0.4 * args.step_ms:.0f} ms), step_timeout_s={args.step_timeout_s}, train step {args.train_s}s, "
-          f"{args.lanes} lanes x ({args.group_size}+{args.redundancy}) envs, {args.groups_per_batch} groups/batch, "
-          f"{args.batches} batches x {args.rounds} rounds per arm")
-    print(table(rows, ("arm", "samples/s", "started", "trained", "cancelled", "env_error", "stale", "in_flight",
-                       "stuck_steps", "identity")))
-    for name, results in arms.items():
-        r = results[-1]
-        print(f"{name}: started {r['episodes_total_started']} == trained "
-              f"{r['episodes_total_finished'] + r['episodes_total_truncated']} + cancelled "
-              f"{r['episodes_total_cancelled']} + env_error {r['episodes_total_env_error']} + stale_dropped "
-              f"{r['episodes_total_stale_dropped']} + in flight {r['episodes_in_flight']}: {r['accounting_ok']}")
-    ratio = rows[1][1] / rows[0][1]
+          f"async ratio 2, {args.batches} batches x {args.rounds} rounds per arm")
+    print(table(rows, ("topology", "groups x (size+redundant)", "arm", "samples/s", "started", "trained",
+                       "cancelled", "env_error", "stale", "in_flight", "stuck_steps", "identity")))
+    ratio = {t: rate[t, "faulty"] / rate[t, "fault-free"] for t in configs}
+    for t, r in ratio.items():
+        print(f"{t}: faulty / fault-free = {r:.2f}x")
+    if ratio["default"] < 0.8:
+        tuned = configs["tuned"]
+        print(f"to hold 0.8x with faults like these, give each group more redundant envs and run more groups "
+              f"than a batch takes: rollout.group_size_redundancy={tuned.group_size_redundancy} "
+              f"rollout.num_env_groups={tuned.num_env_groups} for {tuned.groups_per_batch}-group batches "
+              f"(the tuned topology: {ratio['tuned']:.2f}x)")
     accounted = all(r["accounted"] for results in arms.values() for r in results)
-    print(result_line(ratio=ratio, accounted=str(accounted).lower(), faulty_samples_per_s=rows[1][1],
-                      clean_samples_per_s=rows[0][1], fail=args.fail, hang=args.hang,
-                      step_timeout_s=args.step_timeout_s))
+    print(result_line(ratio=ratio["default"], tuned_ratio=ratio["tuned"], accounted=str(accounted).lower(),
+                      faulty_samples_per_s=rate["default", "faulty"], clean_samples_per_s=rate["default", "fault-free"],
+                      fail=args.fail, hang=args.hang, step_timeout_s=args.step_timeout_s))
 
 
 if __name__ == "__main__":
