@@ -5,8 +5,9 @@ Any action is accepted. The episode lasts `episode_len` steps (or a per-seed ran
 length in [min_len, episode_len]); reward is 1 when the action text contains
 `rewarded_word`, else a seeded coin flip with `success_prob`, so group advantages are
 non-trivial. A share `straggler_prob` of episodes straggle: every step of theirs takes
-`tail_scale` times its drawn latency (drawn per episode and instance, so any env can straggle). `astep` sleeps without blocking the event loop; `step` blocks its thread,
-for testing that blocking envs run off the loop.
+`tail_scale` times its drawn latency (drawn per episode and instance, so any env can
+straggle). `astep` sleeps without blocking the event loop; `step` blocks its thread, for
+testing that blocking envs run off the loop.
 """
 
 from __future__ import annotations
