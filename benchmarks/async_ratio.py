@@ -1,6 +1,13 @@
-"""Trained samples/s against the async ratio: the real `train(cfg)`, side by side.
+"""Trained samples/s against the async ratio: the real `train(cfg)`, side by side, at two
+topologies in one invocation (`--topology both`, the default):
 
-Setting (ROLL Flash's agentic case, scaled to a 2-core CPU): a tiny Qwen2 built by the
+- default (the headline): configs/default.yaml as `python -m roll_agent.run` runs it (the
+  default tiny model on FrozenLake, 8 env groups of 8 + 1 for 8-group batches, one update per
+  batch, torch's thread default), async ratios 0, 2 and 8; only warm-up, evaluation,
+  checkpoints and logging are off, and the step count is set.
+- tuned: the setting below, ratios 0, 1, 2, 4 and 8.
+
+Tuned setting (ROLL Flash's agentic case, scaled to a 2-core CPU): a tiny Qwen2 built by the
 project (hidden 384, 4 layers) on the `hf` engine, trained by the `torch` trainer with the
 default loss (GRPO + decoupled PPO + the k3 KL term to the initial model, 0.05) in two PPO
 mini-batch updates per batch, in its own process (the local runtime's default), on the
@@ -64,13 +71,21 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.common import SIM_ID, result_line, table  # noqa: E402
 from roll_agent.config import Config, EnvSpec, load_config  # noqa: E402
 from roll_agent.run import train  # noqa: E402
-from roll_agent.tiny_model import build_tiny_model, env_corpus  # noqa: E402
+from roll_agent.tiny_model import build_tiny_model, env_corpus, prepare_model  # noqa: E402
 
-RATIOS = (0, 1, 2, 4, 8)
+RATIOS = {"default": (0, 2, 8), "tuned": (0, 1, 2, 4, 8)}
 
 
 def env_kwargs(mean_s: float) -> dict:
     return dict(latency="normal", mean_s=mean_s, std_s=mean_s, episode_len=4, min_len=2)
+
+
+def default_config(ratio: int, out: Path, args) -> Config:
+    """configs/default.yaml, as a user runs it: only the measurement's knobs are set."""
+    return load_config(None, [
+        f"output_dir={out}", f"max_steps={args.steps}", f"rollout.async_ratio={ratio}", "warmup.sft_steps=0",
+        "eval.num_episodes=0", "checkpoint.every=0", "logging.progress=false", "logging.backends=[jsonl]",
+        "logging.plot=false"])
 
 
 def make_config(ratio: int, out: Path, args) -> Config:
@@ -97,9 +112,9 @@ def build_model(root: Path, args) -> str:
                                 seed=cfg.seed))
 
 
-def run_one(ratio: int, root: Path, model_path: str, args, tag: str) -> dict:
-    out = root / f"ratio{ratio}-{tag}"
-    cfg = make_config(ratio, out, args)
+def run_one(topology: str, ratio: int, root: Path, model_path: str, args, tag: str) -> dict:
+    out = root / f"{topology}-ratio{ratio}-{tag}"
+    cfg = (default_config if topology == "default" else make_config)(ratio, out, args)
     cfg.model.path = model_path
     cpu0 = cpu_seconds()
     asyncio.run(train(cfg))
@@ -118,63 +133,85 @@ def cpu_seconds() -> float:
                                                   (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)))
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="one short round (< 90 s): a smoke test, noisy")
-    ap.add_argument("--rounds", type=int, default=None, help="sweeps over all ratios (default 3, quick 1)")
-    ap.add_argument("--steps", type=int, default=None, help="training steps per run (default 12, quick 5)")
-    ap.add_argument("--skip", type=int, default=2, help="warm-up steps left out of the rates")
-    ap.add_argument("--budget-s", type=float, default=600.0, help="start no round that would end past this")
-    ap.add_argument("--mean-s", type=float, default=0.5, help="mean (= std) env step latency, seconds")
-    ap.add_argument("--groups", type=int, default=5, help="env groups in flight (4 per batch)")
-    ap.add_argument("--redundancy", type=int, default=2, help="redundant envs per group of 4")
-    ap.add_argument("--kl", type=float, default=0.05, help="algorithm.kl_coef")
-    ap.add_argument("--updates", type=int, default=2, help="trainer.updates_per_batch (PPO mini-batch updates)")
-    ap.add_argument("--hidden", type=int, default=384)
-    ap.add_argument("--layers", type=int, default=4)
-    ap.add_argument("--threads", type=int, default=1, help="runtime.torch_threads (1: trainer and engine "
-                    "threads each get one core; torch's default oversubscribes 2 cores)")
-    args = ap.parse_args()
-    rounds = args.rounds or (1 if args.quick else 3)
-    args.steps = args.steps or (5 if args.quick else 12)
-
-    start, load0 = time.perf_counter(), os.getloadavg()[0]
-    results: dict[int, list[dict]] = {r: [] for r in RATIOS}
+def measure(topology: str, args, budget_s: float) -> dict[int, list[dict]]:
+    """Every ratio of `topology` once per round, in rotated order against drift."""
+    ratios = RATIOS[topology]
+    start = time.perf_counter()
+    results: dict[int, list[dict]] = {r: [] for r in ratios}
     with tempfile.TemporaryDirectory(prefix="async_ratio_") as tmp:
         root = Path(tmp)
-        model_path = build_model(root, args)
-        for rnd in range(rounds):
+        if topology == "default":
+            model_path = prepare_model(default_config(0, root / "unused", args), root)
+        else:
+            model_path = build_model(root, args)
+        for rnd in range(args.rounds):
             t0 = time.perf_counter()
-            order = RATIOS[rnd % len(RATIOS):] + RATIOS[:rnd % len(RATIOS)]  # rotate against drift
-            for ratio in order:
+            for ratio in ratios[rnd % len(ratios):] + ratios[:rnd % len(ratios)]:
                 t1 = time.perf_counter()
-                results[ratio].append(run_one(ratio, root, model_path, args, f"r{rnd}"))
+                results[ratio].append(run_one(topology, ratio, root, model_path, args, f"r{rnd}"))
                 last = results[ratio][-1]
-                print(f"round {rnd} ratio {ratio}: {last['episodes'] / last['seconds']:.2f} samples/s "
+                print(f"{topology} round {rnd} ratio {ratio}: {last['episodes'] / last['seconds']:.2f} samples/s "
                       f"(run {time.perf_counter() - t1:.0f} s)", flush=True)
             elapsed, took = time.perf_counter() - start, time.perf_counter() - t0
-            if rnd + 1 < rounds and elapsed + took > args.budget_s:
-                print(f"stopping after {rnd + 1} rounds: another would pass --budget-s={args.budget_s:.0f}")
+            if rnd + 1 < args.rounds and elapsed + took > budget_s:
+                print(f"{topology}: stopping after {rnd + 1} rounds: another would pass its share of --budget-s")
                 break
+    return results
 
+
+def report(topology: str, results: dict[int, list[dict]], args) -> dict[int, float]:
     def pooled(ratio: int, key: str) -> float:
         return statistics.fmean(x for res in results[ratio] for x in res[key])
 
-    rate = {r: sum(x["episodes"] for x in results[r]) / sum(x["seconds"] for x in results[r]) for r in RATIOS}
-    per_round = {r: [x["episodes"] / x["seconds"] for x in results[r]] for r in RATIOS}
+    rate = {r: sum(x["episodes"] for x in results[r]) / sum(x["seconds"] for x in results[r]) for r in results}
+    per_round = {r: [x["episodes"] / x["seconds"] for x in results[r]] for r in results}
     rows = [(r, rate[r], rate[r] / rate[0], pooled(r, "stale"), pooled(r, "train"), pooled(r, "wait"),
              pooled(r, "cpu_per_step"), sum(x["dropped"] for x in results[r]),
-             " ".join(f"{v:.2f}" for v in per_round[r])) for r in RATIOS]
-    n = len(results[0])
-    print(f"\n{n} round(s) x {args.steps} steps (first {args.skip} skipped); env N({args.mean_s}, {args.mean_s}) "
-          f"2..4 turns; model hidden={args.hidden} layers={args.layers}; torch_threads={args.threads}; "
-          f"{time.perf_counter() - start:.0f} s; load average {load0:.1f} -> {os.getloadavg()[0]:.1f} "
-          f"on {os.cpu_count()} cores")
+             " ".join(f"{v:.2f}" for v in per_round[r])) for r in results]
+    setting = ("configs/default.yaml: FrozenLake, 8 groups of 8 + 1, 8 a batch, 1 update" if topology == "default"
+               else f"env N({args.mean_s}, {args.mean_s}) 2..4 turns; {args.groups} groups of 4 + {args.redundancy}, "
+                    f"4 a batch, {args.updates} updates; model hidden={args.hidden} layers={args.layers}; "
+                    f"torch_threads={args.threads}")
+    print(f"\n{topology}: {len(results[0])} round(s) x {args.steps} steps (first {args.skip} skipped); {setting}")
     print(table(rows, ("ratio", "samples/s", "x ratio 0", "staleness", "train_s", "wait_s", "cpu/step",
                        "dropped", "per round")))
-    print(result_line(speedup_2_vs_0=rate[2] / rate[0], speedup_2_vs_8=rate[2] / rate[8],
-                      speedup_1_vs_0=rate[1] / rate[0], speedup_8_vs_0=rate[8] / rate[0],
-                      sps_0=rate[0], sps_2=rate[2], rounds=n))
+    return rate
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="one short round a topology: a smoke test, noisy")
+    ap.add_argument("--topology", choices=("both", "default", "tuned"), default="both")
+    ap.add_argument("--rounds", type=int, default=None, help="sweeps over all ratios (default 3, quick 1)")
+    ap.add_argument("--steps", type=int, default=None, help="training steps per run (default 12, quick 5)")
+    ap.add_argument("--skip", type=int, default=2, help="warm-up steps left out of the rates")
+    ap.add_argument("--budget-s", type=float, default=1800.0, help="start no round that would end past this "
+                    "(shared between the topologies)")
+    ap.add_argument("--mean-s", type=float, default=0.5, help="tuned: mean (= std) env step latency, seconds")
+    ap.add_argument("--groups", type=int, default=5, help="tuned: env groups in flight (4 per batch)")
+    ap.add_argument("--redundancy", type=int, default=2, help="tuned: redundant envs per group of 4")
+    ap.add_argument("--kl", type=float, default=0.05, help="tuned: algorithm.kl_coef")
+    ap.add_argument("--updates", type=int, default=2, help="tuned: trainer.updates_per_batch (PPO mini-batch updates)")
+    ap.add_argument("--hidden", type=int, default=384, help="tuned: model hidden size")
+    ap.add_argument("--layers", type=int, default=4, help="tuned: model layers")
+    ap.add_argument("--threads", type=int, default=1, help="tuned: runtime.torch_threads (1: trainer and engine "
+                    "threads each get one core; torch's default oversubscribes 2 cores)")
+    args = ap.parse_args()
+    args.rounds = args.rounds or (1 if args.quick else 3)
+    args.steps = args.steps or (5 if args.quick else 12)
+    topologies = ("default", "tuned") if args.topology == "both" else (args.topology,)
+
+    start, load0 = time.perf_counter(), os.getloadavg()[0]
+    rate = {t: report(t, measure(t, args, args.budget_s / len(topologies)), args) for t in topologies}
+    print(f"\n{time.perf_counter() - start:.0f} s; load average {load0:.1f} -> {os.getloadavg()[0]:.1f} "
+          f"on {os.cpu_count()} cores")
+    values = {}
+    for t in topologies:  # the default topology's figures first, unprefixed: the headline
+        prefix = "" if t == topologies[0] else f"{t}_"
+        values.update({f"{prefix}speedup_2_vs_0": rate[t][2] / rate[t][0],
+                       f"{prefix}speedup_2_vs_8": rate[t][2] / rate[t][8],
+                       f"{prefix}sps_0": rate[t][0], f"{prefix}sps_2": rate[t][2]})
+    print(result_line(topology=topologies[0], **values, rounds=args.rounds))
 
 
 if __name__ == "__main__":
