@@ -53,5 +53,5 @@ async def session_of(stack, env_id: str = "agent-test"):
         stack.endpoint.close_session(session)
 
 
-# the SWE task fixtures (a tiny real project with a bug, its docker image, bwrap's rootfs) for mini-swe-agent
-from tests.swe.conftest import swe_bwrap, swe_image, swe_instance, swe_project  # noqa: E402,F401
+# the SWE task fixtures (a tiny real project with a bug, its docker image) for mini-swe-agent
+from tests.swe.conftest import swe_image, swe_instance, swe_project  # noqa: E402,F401
