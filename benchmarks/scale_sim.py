@@ -52,7 +52,7 @@ def virtual(coro_fn, *args):
     return out, time.perf_counter() - start
 
 
-async def train(stack, batches: int, train_s: float, async_ratio: int) -> dict:
+async def train(stack, batches: int, train_s: float, async_ratio: int, on_batch=None) -> dict:
     """Play the trainer: take `batches` batches, each followed by `train_s` of training and a
     weight sync. Checks every trained token against the async-ratio bound."""
     loop = asyncio.get_running_loop()
@@ -64,6 +64,8 @@ async def train(stack, batches: int, train_s: float, async_ratio: int) -> dict:
             ready = loop.time()
             batch = await stack.buffer.get_batch(v)
             fills.append(loop.time() - ready)
+            if on_batch is not None:
+                on_batch(batch)
             for group in batch:
                 for traj in group.trajectories:
                     versions = [ver for ver, m in zip(traj.versions, traj.loss_mask) if m]
@@ -106,21 +108,14 @@ async def env_level(formatter, spec, engine_cfg, cfg: RolloutConfig, batches: in
 
 async def redundancy_arm(formatter, cfg: RolloutConfig, spec, engine_cfg, batches: int, engines: int) -> dict:
     stack = build_stack(formatter, cfg, [spec], engine_cfg, num_engines=engines)
-    straggled = {"trained": 0, "trained_of": 0}
-    original_get = stack.buffer.get_batch
+    trained = []  # per trained episode: did it straggle
 
-    async def get_batch(version):  # count the straggling episodes among those trained
-        batch = await original_get(version)
-        for group in batch:
-            for traj in group.trajectories:
-                straggled["trained_of"] += 1
-                straggled["trained"] += bool(traj.info.get("straggling"))
-        return batch
+    def count(batch):
+        trained.extend(bool(t.info.get("straggling")) for g in batch for t in g.trajectories)
 
-    stack.buffer.get_batch = get_batch
-    out = await train(stack, batches + 1, 0.0, cfg.async_ratio)
+    out = await train(stack, batches + 1, 0.0, cfg.async_ratio, on_batch=count)
     out["fills"] = out["fills"][1:]  # the first batch also makes every env
-    return {**out, **straggled}
+    return {**out, "trained": sum(trained), "trained_of": len(trained)}
 
 
 def main() -> int:
