@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import logging
 import statistics
 import sys
@@ -57,14 +58,13 @@ async def run_arm(formatter, cfg: RolloutConfig, env: dict, engine_cfg, batches:
 
 
 def topologies(args) -> dict[str, RolloutConfig]:
-    """The default run's (configs/default.yaml: 8 groups of 8 + 1 redundant env, 8-group batches)
-    and the tuned one (`--lanes` groups of `--group-size` + `--redundancy`)."""
-    d = load_config(None).rollout
-    common = dict(async_ratio=2, max_turns=4, step_timeout_s=args.step_timeout_s)
-    return {"default": RolloutConfig(num_env_groups=d.num_env_groups, groups_per_batch=d.groups_per_batch,
-                                     group_size=d.group_size, group_size_redundancy=d.group_size_redundancy, **common),
-            "tuned": RolloutConfig(num_env_groups=args.lanes, groups_per_batch=args.groups_per_batch,
-                                   group_size=args.group_size, group_size_redundancy=args.redundancy, **common)}
+    """The default run's (configs/default.yaml's rollout section: 8 groups of 8 + 1 redundant env,
+    8-group batches) and the tuned one (`--lanes` groups of `--group-size` + `--redundancy`)."""
+    default = dataclasses.replace(load_config(None).rollout, async_ratio=2, max_turns=4,
+                                  step_timeout_s=args.step_timeout_s)
+    return {"default": default,
+            "tuned": dataclasses.replace(default, num_env_groups=args.lanes, groups_per_batch=args.groups_per_batch,
+                                         group_size=args.group_size, group_size_redundancy=args.redundancy)}
 
 
 def main() -> None:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import statistics
 import sys
 from pathlib import Path
@@ -43,12 +44,12 @@ async def run_arm(formatter, cfg: RolloutConfig, spec, engine_cfg, batches: int)
             "cancelled": stack.buffer.ledger.counts["cancelled"]}
 
 
-def arms(gpb: int, group_size: int, redundancy: int, async_ratio: int, turns: int) -> dict[str, RolloutConfig]:
-    base = dict(async_ratio=async_ratio, groups_per_batch=gpb, group_size=group_size, max_turns=turns,
-                max_new_tokens=8)
-    return {"none": RolloutConfig(num_env_groups=gpb, group_size_redundancy=0, **base),
-            "default": RolloutConfig(num_env_groups=gpb, group_size_redundancy=redundancy, **base),
-            "tuned": RolloutConfig(num_env_groups=round(1.5 * gpb), group_size_redundancy=redundancy, **base)}
+def arms(default: RolloutConfig, async_ratio: int, turns: int) -> dict[str, RolloutConfig]:
+    """The default run's rollout section as it is, without its redundant envs, and with 1.5x its groups."""
+    default = dataclasses.replace(default, async_ratio=async_ratio, max_turns=turns, max_new_tokens=8)
+    return {"none": dataclasses.replace(default, group_size_redundancy=0),
+            "default": default,
+            "tuned": dataclasses.replace(default, num_env_groups=round(1.5 * default.groups_per_batch))}
 
 
 def main() -> None:
@@ -63,7 +64,7 @@ def main() -> None:
     rounds = args.rounds or (1 if args.quick else 2)
     default = load_config(None).rollout  # configs/default.yaml: 8 groups of 8 (+1) for 8-group batches
     turns = 5
-    configs = arms(default.groups_per_batch, default.group_size, default.group_size_redundancy, args.async_ratio, turns)
+    configs = arms(default, args.async_ratio, turns)
     spec = sim_spec(latency="normal", mean_s=args.mean_s, std_s=0.4 * args.mean_s, episode_len=turns,
                     straggler_prob=STRAGGLER_SHARE, tail_scale=SLOWDOWN)
     engine_cfg = ScriptedEngineConfig(response_tokens=4, token_latency_s=0.001)

@@ -33,7 +33,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.common import build_stack, make_formatter, result_line, sim_spec, table  # noqa: E402
+from benchmarks.common import (build_stack, make_formatter, result_line, scripted_engines, sim_spec,  # noqa: E402
+                               table)
 from benchmarks.rollout_async import ideal_bound, sync_batch  # noqa: E402
 from benchmarks.virtual_clock import VirtualClockLoop  # noqa: E402
 from roll_agent.config import RolloutConfig, ScriptedEngineConfig  # noqa: E402
@@ -83,7 +84,7 @@ async def train(stack, batches: int, train_s: float, async_ratio: int, on_batch=
 async def lockstep(formatter, spec, engine_cfg, cfg: RolloutConfig, n: int, batches: int, engines: int) -> float:
     """Virtual seconds for `batches` lockstep batches of `n` episodes."""
     loop = asyncio.get_running_loop()
-    proxy = LLMProxy([_engine(engine_cfg, i) for i in range(engines)])
+    proxy = LLMProxy(scripted_engines(engine_cfg, engines))
     envs = [make_env(spec) for _ in range(n)]
     rng = random.Random(0)
     start = loop.time()
@@ -93,12 +94,6 @@ async def lockstep(formatter, spec, engine_cfg, cfg: RolloutConfig, n: int, batc
     for env in envs:
         env.close()
     return elapsed
-
-
-def _engine(cfg, seed):
-    from roll_agent.proxy.engines.scripted import ScriptedEngine
-
-    return ScriptedEngine(cfg, seed=seed)
 
 
 async def env_level(formatter, spec, engine_cfg, cfg: RolloutConfig, batches: int, engines: int) -> float:

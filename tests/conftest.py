@@ -40,7 +40,7 @@ def _restore_process_state():
         warnings.warn("the test left Ray initialised: shut down here", stacklevel=1)
         ray.shutdown()
     for d in set(Path(tempfile.gettempdir()).glob("roll-ray-*")) - ray_dirs:
-        if not _in_use(d):  # not a concurrent test session's live cluster (its sockets are in there)
+        if not processes_naming(d):  # not a concurrent test session's live cluster (its sockets are in there)
             shutil.rmtree(d, ignore_errors=True)
     if (pool := sys.modules.get("sandboxes.pool")) is not None:
         pool.shutdown_pools()
@@ -54,16 +54,17 @@ def _restore_process_state():
             signal.signal(sig, handler)
 
 
-def _in_use(ray_dir: Path) -> bool:
-    """Whether a running process (a concurrent test session's Ray cluster) names this temp dir."""
-    needle = str(ray_dir).encode()
+def processes_naming(path) -> list[int]:
+    """Pids of running processes whose command line names `path` (a Ray session's temp dir)."""
+    needle = str(path).encode()
+    pids = []
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
             if needle in Path(f"/proc/{pid}/cmdline").read_bytes():
-                return True
+                pids.append(int(pid))
         except OSError:
             continue
-    return False
+    return pids
 
 
 @contextlib.contextmanager

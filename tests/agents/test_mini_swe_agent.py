@@ -37,13 +37,13 @@ def mini_cfg(tmp_path, dataset, sandbox: str):
 def test_mini_swe_agent_resolves_one_task_and_not_the_other_and_both_train(tmp_path, swe_instance):
     """In docker sandboxes; the agent's commands reach any backend through the SWE env's sandbox
     (its bwrap path: tests/swe/test_swe_env.py::test_an_episode_in_bwrap_from_a_local_repo)."""
-    instance, sandbox = swe_instance, "docker"
+    instance = swe_instance
     dataset = tmp_path / "tasks.jsonl"
     second = dataclasses.replace(instance, instance_id="minicalc__mul-2",
                                  problem_statement=instance.problem_statement + " (second report)")
     write_jsonl(dataset, [instance.to_dict(), second.to_dict()])
     mini_swe_script.GOLD = instance.patch
-    assert run(train(mini_cfg(tmp_path, dataset, sandbox)), timeout=500) == 2
+    assert run(train(mini_cfg(tmp_path, dataset, "docker")), timeout=500) == 2
     rows = [r for r in read_rows(tmp_path / "run" / "metrics.jsonl") if "loss" in r]
     assert [r["version"] for r in rows] == [1, 2]
     for r in rows:

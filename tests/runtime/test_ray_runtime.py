@@ -14,7 +14,7 @@ from roll_agent.config import ConfigError, load_config  # noqa: E402
 from roll_agent.metrics import read_rows  # noqa: E402
 from roll_agent.run import train  # noqa: E402
 from roll_agent.runtime import ray_hosts  # noqa: E402
-from tests.conftest import run  # noqa: E402
+from tests.conftest import processes_naming, run  # noqa: E402
 from tests.test_run import SMALL  # noqa: E402
 
 RAY = ["runtime.type=ray", "runtime.ray.num_cpus=2", "runtime.ray.start_timeout_s=60"]
@@ -26,16 +26,7 @@ def ray_cfg(tmp_path, *extra):
 
 def _ray_processes_of(out) -> list[int]:
     """Pids of processes still running from this run's Ray session (temp dir under `out`)."""
-    temp = os.path.realpath(out / "ray")
-    pids = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            cmd = open(f"/proc/{pid}/cmdline", "rb").read().decode(errors="replace")
-        except OSError:
-            continue
-        if temp in cmd:
-            pids.append(int(pid))
-    return pids
+    return processes_naming(os.path.realpath(out / "ray"))
 
 
 @pytest.mark.slow
