@@ -332,6 +332,9 @@ class WeightSyncConfig:
     # NCCL on GPU); object_store: through Ray's object store (small payloads such as LoRA adapters)
     type: str = "auto"
     bucket_mb: float = 32.0  # broadcast bucket size
+    # under ray: every engine checksums what it received and the sync fails unless each tensor matches
+    # the trainer's (one more pass over the weights per sync; metric sync_verified_engines)
+    verify: bool = False
 
     def __post_init__(self) -> None:
         _choice("weight_sync", "type", self.type, ("auto", "inprocess", "broadcast", "object_store"))
@@ -352,6 +355,11 @@ class RayConfig:
     cpus_per_trainer: float = 1.0
     gpus_per_trainer: float = 0.0  # > 0: the trainer on its own GPU (set trainer.device=cuda)
     placement_strategy: str = "PACK"  # placement group of all actors: PACK | SPREAD | STRICT_PACK | STRICT_SPREAD
+    # node labels (`ray start --labels=k=v`) a role's node must carry; empty: any node. The trainer's
+    # node also holds the buffer and the proxy: the run's state, so losing it ends the run (resume=true)
+    trainer_labels: dict[str, str] = field(default_factory=dict)
+    engine_labels: dict[str, str] = field(default_factory=dict)
+    env_worker_labels: dict[str, str] = field(default_factory=dict)
     max_restarts: int = 3  # per env-worker / engine actor that dies
     start_timeout_s: float = 300.0  # waiting for the placement group (resources) and actors
 

@@ -106,6 +106,7 @@ class AsyncController:
     async def run(self) -> int:
         p, rollout = self.p, self.p.rollout
         step = p.trainer.version
+        self._last_counts = dict(rollout.stats().episodes)  # a resumed run's ledger starts where it was saved
         if step == 0:
             await self._evaluate(step)
         rollout.start()
@@ -124,6 +125,8 @@ class AsyncController:
                 row = {"step": step, "version": step, **self._batch_metrics(batch, step - 1), **metrics,
                        "time_wait_data_s": t1 - t0, "time_sync_s": sync["seconds"], "sync_bytes": sync["bytes"],
                        "time_step_s": time.perf_counter() - t0}
+                if "verified_engines" in sync:
+                    row["sync_verified_engines"] = sync["verified_engines"]
                 self.logger.log(row, advance=True)
                 if not self._warned_stale and (warning := stale_drop_warning(row)):
                     log.warning(warning)

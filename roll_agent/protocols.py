@@ -8,7 +8,7 @@ implementation against its protocol.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Collection, Iterable, Protocol, TypedDict, runtime_checkable
+from typing import Any, Collection, Iterable, NotRequired, Protocol, TypedDict, runtime_checkable
 
 import torch
 
@@ -37,6 +37,7 @@ class Engine(Protocol):
 class SyncReport(TypedDict):
     bytes: int  # moved, over all engines
     seconds: float
+    verified_engines: NotRequired[int]  # weight_sync.verify: engines whose received tensors matched the trainer's
 
 
 @runtime_checkable

@@ -114,12 +114,13 @@ class RemoteEngine:
         except RayActorError as exc:
             raise self._lost(f"died: {exc}") from exc
 
-    async def load_weights(self, named_tensors, version: int) -> int:
+    async def load_weights(self, named_tensors, version: int, verify: bool = False) -> tuple[int, dict]:
         """Weights through the object store: `named_tensors` is best the object the trainer returned
-        (an ObjectRef: each engine actor reads it, nothing passes through this one). Returns the bytes."""
+        (an ObjectRef: each engine actor reads it, nothing passes through this one). Returns the bytes
+        and, when verifying, the received tensors' checksums."""
         if not isinstance(named_tensors, ray.ObjectRef):
             named_tensors = list(named_tensors)
-        moved = await self.apply(actor_sync.load_weights, named_tensors, version)
+        moved = await self.apply(actor_sync.load_weights, named_tensors, version, verify)
         self.version = version
         return moved
 
@@ -149,8 +150,9 @@ async def _alive(handle) -> int:
 def build_proxy(cfg: Config, engine_handles: list, trainer, sync_type: str, version: int) -> LLMProxy:
     """The proxy actor's component: the LLMProxy over the engine actors, pushing the trainer
     actor's weights into them (`sync_type`: broadcast or object_store)."""
-    sync = ObjectStoreSync(trainer) if sync_type == "object_store" else \
-        BroadcastSync(trainer, cfg.weight_sync.bucket_mb, cfg.trainer.device, cfg.engine.device)
+    verify = cfg.weight_sync.verify
+    sync = ObjectStoreSync(trainer, verify) if sync_type == "object_store" else \
+        BroadcastSync(trainer, cfg.weight_sync.bucket_mb, cfg.trainer.device, cfg.engine.device, verify)
     engines = [RemoteEngine(h, i) for i, h in enumerate(engine_handles)]
     # the watchdog times requests (request_timeout_s); its counts reach the driver's (`report`)
     return LLMProxy(engines, cfg.proxy, version=version, watchdog=Watchdog(cfg.watchdog), weight_sync=sync)

@@ -1,8 +1,15 @@
 """The Ray runtime: the same components as Ray actors, placed by a placement group.
 
-    trainer actor (bundle 0: cpus/gpus_per_trainer)  <-- buffer actor (bundle 0, no resources of its own)
-    engine actors  (bundles 1..E: cpus/gpus_per_engine) <-- proxy actor (bundle 1)
+    trainer actor (bundle 0: cpus/gpus_per_trainer)  <-- buffer and proxy actors (bundle 0, no resources
+                                                          of their own: the run's state, on the trainer's node)
+    engine actors  (bundles 1..E: cpus/gpus_per_engine)
     env-worker actors (bundles E+1..: cpus_per_env_worker), each a GroupScheduler over its share of the lanes
+
+Each role's bundles (or, for env workers that reserve no CPU, the actors themselves) go to
+nodes carrying its labels (`runtime.ray.*_labels`, Ray label selectors). A node lost mid-run
+takes its actors with it: Ray places engine and env-worker bundles again on nodes left (or
+waits for capacity), restarts those actors, and the run goes on; losing the trainer's node
+(trainer, buffer, proxy) ends the run with an error that says to resume from its checkpoint.
 
 The controller runs in this (the driver) process against façades with the local runtime's
 interface. `runtime.ray.address` joins a running cluster; otherwise a local one is started
@@ -122,30 +129,48 @@ class RayRuntime:
         bundles += [_bundle(rc.cpus_per_engine, rc.gpus_per_engine)] * cfg.engine.num_engines
         if rc.cpus_per_env_worker:  # otherwise env workers reserve nothing and go anywhere
             bundles += [_bundle(rc.cpus_per_env_worker, 0)] * self.num_workers
-        self.pg = placement_group(bundles, strategy=rc.placement_strategy)
+        labels = [rc.trainer_labels] + [rc.engine_labels] * cfg.engine.num_engines
+        labels += [rc.env_worker_labels] * (len(bundles) - len(labels))
+        labelled = any(labels)
+        self.pg = placement_group(bundles, strategy=rc.placement_strategy,
+                                  bundle_label_selector=[dict(x) for x in labels] if labelled else None)
         try:
             await asyncio.wait_for(self.pg.ready(), rc.start_timeout_s)
         except asyncio.TimeoutError:
+            wanted = f"{bundles} on nodes labelled {labels}" if labelled else str(bundles)
+            nodes = [(n.get("Labels", {}), n["Resources"]) for n in ray.nodes() if n["Alive"]] if labelled else \
+                ray.available_resources()
             raise ConfigError(
-                f"the Ray cluster cannot place {bundles} ({rc.placement_strategy}) within "
-                f"{rc.start_timeout_s:.0f}s; it has {ray.available_resources()}. Lower runtime.ray.cpus_per_* / "
-                "gpus_per_*, set runtime.ray.num_cpus, or add nodes") from None
+                f"the Ray cluster cannot place {wanted} ({rc.placement_strategy}) within {rc.start_timeout_s:.0f}s; "
+                f"it has {nodes}. Lower runtime.ray.cpus_per_* / gpus_per_*, set runtime.ray.num_cpus, fix "
+                "runtime.ray.*_labels, or add nodes") from None
 
     def _at(self, bundle: int | None, cpus: float = 0, gpus: float = 0, **extra):
-        """Actor options: in placement-group bundle `bundle`, or anywhere when None."""
+        """Actor options: in placement-group bundle `bundle`, or when None on any node that
+        carries the env workers' labels."""
         if bundle is None:
-            return {"num_cpus": cpus, "num_gpus": gpus, **extra}
+            labels = {"label_selector": dict(self.rc.env_worker_labels)} if self.rc.env_worker_labels else {}
+            return {"num_cpus": cpus, "num_gpus": gpus, **labels, **extra}
         strategy = PlacementGroupSchedulingStrategy(self.pg, placement_group_bundle_index=bundle)
         return {"num_cpus": cpus, "num_gpus": gpus, "scheduling_strategy": strategy, **extra}
 
-    async def __aexit__(self, *exc) -> None:
-        for actor in self.actors:
-            ray.kill(actor, no_restart=True)
-        self.actors.clear()
-        if self.pg is not None:
-            remove_placement_group(self.pg)
-            self.pg = None
-        ray.shutdown()
+    async def __aexit__(self, exc_type, exc, tb) -> None:
+        try:
+            for actor in self.actors:
+                ray.kill(actor, no_restart=True)
+            self.actors.clear()
+            if self.pg is not None:
+                remove_placement_group(self.pg)
+                self.pg = None
+        finally:
+            ray.shutdown()
+        if isinstance(exc, RayActorError):
+            where = f" (nodes labelled {dict(self.rc.trainer_labels)})" if self.rc.trainer_labels else ""
+            raise RuntimeError(
+                f"the run lost an actor it cannot go on without: the trainer, the buffer and the proxy live on the "
+                f"trainer's node{where}, and are not restarted. Ray said: {str(exc).splitlines()[0]} Resume from the "
+                f"last checkpoint in {self.output_dir / 'checkpoints'} with resume=true once the cluster has that "
+                "node (or another with its labels) back.") from exc
 
     # ---- components ----------------------------------------------------------------
     def make_trainer(self) -> "RemoteTrainer":
@@ -161,7 +186,7 @@ class RayRuntime:
         engines = [ray.remote(AsyncHost).options(name=f"engine-{i}", **self._at(
                        1 + i, rc.cpus_per_engine, rc.gpus_per_engine, max_restarts=rc.max_restarts))
                    .remote(Engine, build_engine, cfg, self.model_path, cfg.seed + i) for i in range(cfg.engine.num_engines)]
-        proxy = ray.remote(AsyncHost).options(name="proxy", **self._at(1, max_concurrency=10_000)).remote(
+        proxy = ray.remote(AsyncHost).options(name="proxy", **self._at(0, max_concurrency=10_000)).remote(
             Proxy, ray_hosts.build_proxy, cfg, engines, trainer.handle, self.sync_type, version)
         buffer = ray.remote(BufferHost).options(name="buffer", **self._at(0, max_concurrency=10_000)).remote(
             cfg.rollout, version)
@@ -319,12 +344,13 @@ class RayRollout:
         self.watchdog.remote_oldest = [w for s in snaps for w in s["oldest"]] + report["oldest"]
 
     async def close(self) -> None:
-        await self.stop()
         try:
+            await self.stop()
             await self.proxy_handle.apply.remote(ray_hosts.close_proxy)
-        except RayActorError:
+        except RayActorError:  # lost with its node: the run's error says so
             pass
-        await self.endpoint.close()
-        await self.watchdog.close()
-        self.executor.shutdown(wait=False, cancel_futures=True)
-        self.env_workers.close()
+        finally:
+            await self.endpoint.close()
+            await self.watchdog.close()
+            self.executor.shutdown(wait=False, cancel_futures=True)
+            self.env_workers.close()

@@ -3,20 +3,23 @@
 Each env worker drives its share of the lanes until stopped. When its actor dies, Ray
 restarts it (runtime.ray.max_restarts); the supervisor has the buffer actor give the dead
 incarnation's admission places back and end its in-flight episodes as `lost` (ledger),
-and starts the restarted worker on fresh groups (new task seeds, group ids after the
-last one it put, so no id repeats).
+waits until the restarted actor answers (with its node gone, Ray first has to find it
+room on the nodes left), and starts it on fresh groups (new task seeds, group ids after
+the last one it put, so no id repeats).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 
-from ray.exceptions import RayActorError
+from ray.exceptions import ActorDiedError, RayActorError
 
 from roll_agent.config import ConfigError
 
 log = logging.getLogger(__name__)
+STOP_TIMEOUT_S = 30.0  # a worker Ray cannot place again never answers its stop
 EMPTY = {"incarnation": -1, "state": None, "watchdog": {}, "oldest": [], "env_worker_restarts": 0}
 
 
@@ -51,7 +54,30 @@ class WorkerSupervisor:
                     log.error("env worker %d died %d times: its lanes stop (runtime.ray.max_restarts=%d)",
                               w, restarts, self.max_restarts)
                     return
-                log.warning("env worker %d died; restarted, its lanes start new groups", w)
+                log.warning("env worker %d died; waiting for Ray to restart it", w)
+                if not await self._restarted(w):
+                    return
+                log.warning("env worker %d restarted; its lanes start new groups", w)
+
+    async def _restarted(self, w: int) -> bool:
+        """Wait until worker `w`'s restarted actor answers; False if it never will or the run stops."""
+        since, warned = time.monotonic(), 0
+        while not self._stopping:
+            try:
+                await asyncio.wait_for(self.workers[w].pid.remote(), 5.0)
+                return True
+            except ActorDiedError:
+                log.error("env worker %d cannot be restarted: its lanes stop", w)
+                return False
+            except (RayActorError, asyncio.TimeoutError):
+                waited = time.monotonic() - since
+                if waited >= 60 * (warned + 1):
+                    warned += 1
+                    log.warning("env worker %d still waits for Ray to restart it (%.0f s): the cluster may have no "
+                                "room for it on the nodes left (runtime.ray.cpus_per_env_worker, env_worker_labels)",
+                                w, waited)
+                await asyncio.sleep(0.2)
+        return False
 
     async def _retire(self, w: int) -> dict:
         """Account for a dead incarnation; returns the state its successor starts from."""
@@ -92,5 +118,9 @@ class WorkerSupervisor:
 
     async def stop(self) -> None:
         self._stopping = True
-        await asyncio.gather(*(wk.stop.remote() for wk in self.workers), return_exceptions=True)
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        stops = [asyncio.ensure_future(wk.stop.remote()) for wk in self.workers]
+        await asyncio.wait(stops, timeout=STOP_TIMEOUT_S)
+        _, pending = await asyncio.wait(self._tasks, timeout=STOP_TIMEOUT_S) if self._tasks else ((), ())
+        for task in (*stops, *pending):  # a worker still waiting for room on the cluster
+            task.cancel()
+        await asyncio.gather(*stops, *pending, return_exceptions=True)

@@ -1,0 +1,129 @@
+"""runtime.type=ray on a Ray cluster of several nodes on this machine (`ray.cluster_utils.Cluster`:
+a raylet per node, each with its own resources and labels): roles placed by node labels,
+weights checked by checksums on every engine across nodes, and whole nodes lost mid-run."""
+
+import asyncio
+import tempfile
+import time
+
+import pytest
+
+ray = pytest.importorskip("ray")
+
+from ray.cluster_utils import Cluster  # noqa: E402
+
+from roll_agent.config import load_config  # noqa: E402
+from roll_agent.metrics import read_rows  # noqa: E402
+from roll_agent.run import train  # noqa: E402
+from tests.conftest import processes_naming, run  # noqa: E402
+from tests.runtime.test_ray_runtime import _first_step  # noqa: E402
+from tests.test_run import SMALL  # noqa: E402
+
+NODE = {"object_store_memory": 100 * 1024**2}
+# the GCS declares a node dead after 3 missed health checks 1 s apart (Ray's default: 5 x 3 s)
+FAST_NODE_DEATH = {"health_check_period_ms": 1000, "health_check_failure_threshold": 3}
+PLACED = ["runtime.ray.trainer_labels={role: trainer}", "runtime.ray.engine_labels={role: engines}",
+          "runtime.ray.env_worker_labels={role: envs}", "runtime.ray.placement_strategy=SPREAD",
+          "runtime.ray.cpus_per_env_worker=1", "runtime.ray.env_workers=2", "engine.num_engines=2",
+          "weight_sync.verify=true", "runtime.ray.start_timeout_s=120", "checkpoint.every=1", "checkpoint.keep_last=20",
+          # a slow env keeps both env workers' groups in flight, so a lost node always takes episodes with it
+          "envs=[{id: roll_agent/Simulated-v0, kwargs: {latency: fixed, mean_s: 0.3}}]", "rollout.max_turns=2"]
+
+
+@pytest.fixture
+def cluster():
+    """A head node (the driver's: no CPUs, so it hosts no actor) and four worker nodes: the
+    trainer's, the engines' and two for env workers."""
+    temp_dir = tempfile.mkdtemp(prefix="roll-ray-")  # short: Ray's unix socket paths end at 107 bytes
+    c = Cluster(initialize_head=True, head_node_args={**NODE, "num_cpus": 0, "include_dashboard": False,
+                                                      "temp_dir": temp_dir, "_system_config": FAST_NODE_DEATH})
+    nodes = {"trainer": c.add_node(**NODE, num_cpus=1, labels={"role": "trainer"}),
+             "engines": c.add_node(**NODE, num_cpus=2, labels={"role": "engines"}),
+             "envs-a": c.add_node(**NODE, num_cpus=2, labels={"role": "envs"}),
+             "envs-b": c.add_node(**NODE, num_cpus=2, labels={"role": "envs"})}
+    c.wait_for_nodes()
+    yield c, nodes
+    if ray.is_initialized():
+        ray.shutdown()
+    c.shutdown()
+    assert processes_naming(temp_dir) == [], "the cluster's processes outlived it"
+
+
+def placed() -> dict[str, tuple[str, str]]:
+    """From Ray's actor table: each live named actor's (node id, node role label)."""
+    roles = {n["NodeID"]: n.get("Labels", {}).get("role", "head") for n in ray.nodes() if n["Alive"]}
+    return {a["Name"]: (a["Address"]["NodeID"], roles.get(a["Address"]["NodeID"], "dead"))
+            for a in ray._private.state.actors().values() if a["Name"] and a["State"] == "ALIVE"}
+
+
+def _restarted_elsewhere(name: str, old_node: str, timeout_s: float = 120.0) -> tuple[str, str]:
+    """Where Ray restarted actor `name`, once it is alive on another node. Blocking on purpose:
+    it pauses the driver's event loop (the controller), so the run cannot train all its steps
+    on the other env worker before the restart; Ray restarts actors without the driver."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        where = placed().get(name)
+        if where and where[0] != old_node:
+            return where
+        time.sleep(0.2)
+    raise AssertionError(f"{name} was not restarted on another node within {timeout_s:.0f} s")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_roles_on_labelled_nodes_weights_verified_and_lost_nodes(cluster, tmp_path):
+    c, nodes = cluster
+    base = SMALL + ["runtime.type=ray", f"runtime.ray.address={c.address}", f"output_dir={tmp_path}", *PLACED]
+
+    # 1. every role on the nodes its labels name; a node of env workers lost mid-run
+    async def lose_an_env_node():
+        training = asyncio.create_task(train(load_config(None, base + ["max_steps=6"])))
+        await _first_step(tmp_path, training)
+        where = placed()
+        assert {where[n][1] for n in ("trainer", "buffer", "proxy")} == {"trainer"}, where
+        assert {where[n][1] for n in ("engine-0", "engine-1")} == {"engines"}, where
+        workers = [where[f"env-worker-{w}"] for w in (0, 1)]
+        assert {role for _, role in workers} == {"envs"} and workers[0][0] != workers[1][0], where  # SPREAD
+        buffer = ray.get_actor("buffer")
+        while not (await buffer.snapshot.remote())["held"].get((0, 0)):  # env worker 0 plays a group
+            await asyncio.sleep(0.05)
+        lost = next(name for name, node in nodes.items() if node.node_id == workers[0][0])
+        c.remove_node(nodes.pop(lost), allow_graceful=False)  # its raylet and every process on it
+        moved = _restarted_elsewhere("env-worker-0", workers[0][0])
+        return await training, moved, workers[1]
+
+    final, moved, other = run(lose_an_env_node(), timeout=400)
+    assert final == 6 and moved == other  # env worker 0 restarted on the env node left
+    rows = read_rows(tmp_path / "metrics.jsonl")
+    steps = [r for r in rows if "loss" in r]
+    assert [r["step"] for r in steps] == list(range(1, 7))
+    assert all(r["sync_verified_engines"] == 2 and r["sync_bytes"] > 0 for r in steps)  # checksums, both engines
+    assert sum(r["episodes_lost"] for r in steps) > 0  # the lost node was playing a group
+    # the lost episodes are an outcome of the ledger: started == sum(outcomes) + in flight, every row
+    assert all(r["accounting_ok"] for r in rows if "accounting_ok" in r)
+    assert [r for r in rows if "episodes_total_lost" in r][-1]["episodes_total_lost"] == \
+        sum(r["episodes_lost"] for r in steps)
+
+    # 2. the trainer's node lost: the run fails, saying how to resume; with the node back it resumes
+    async def lose_the_trainer_node():
+        training = asyncio.create_task(train(load_config(None, base + ["max_steps=12", "resume=true"])))
+        await _first_step(tmp_path, training, after=6)
+        c.remove_node(nodes.pop("trainer"), allow_graceful=False)
+        with pytest.raises(RuntimeError, match="resume=true") as failed:
+            await training
+        return failed.value
+
+    error = run(lose_the_trainer_node(), timeout=400)
+    assert "trainer's node" in str(error)
+    saved = max(int(p.name.split("_")[1]) for p in (tmp_path / "checkpoints").glob("step_*"))
+    assert saved >= 6  # the first run's last step, or one the failed run saved before its node went
+    nodes["trainer"] = c.add_node(**NODE, num_cpus=1, labels={"role": "trainer"})
+    c.wait_for_nodes()
+    assert run(train(load_config(None, base + [f"max_steps={saved + 1}", "resume=true"])), timeout=400) == saved + 1
+    rows = read_rows(tmp_path / "metrics.jsonl")
+    last_resume = max(i for i, r in enumerate(rows) if "resumed_from_step" in r)
+    assert rows[last_resume]["resumed_from_step"] == saved
+    resumed = [r for r in rows[last_resume:] if "loss" in r]
+    assert [r["step"] for r in resumed] == [saved + 1]
+    assert resumed[0]["episodes_lost"] == 0  # this step's own: the ledger resumes with the counts it saved
+
