@@ -9,8 +9,9 @@ One invocation, one after the other on the same machine:
      starts from a policy that solves the task greedily but whose samples (temperature 1)
      still fail often; both frameworks load the task's checkpoint;
   2. single-turn task (`roll_agent/ReverseLetters-v0`, reward = share of letters right):
-     roll_agent (async ratio 2, env-level async), then TRL (synchronous GRPOTrainer), with
-     RL seeds 0-7 (8 runs a side: one run's final reward varies by about as much as the gap);
+     roll_agent (async ratio 2, env-level async), then TRL (synchronous GRPOTrainer) once per
+     `--trl-threads` setting (1 and 2 torch threads: TRL's one process may use both cores),
+     with RL seeds 0-7 (8 runs a side: one run's final reward varies by about as much as the gap);
   3. multi-turn tool task (`roll_agent/ToolLatencyCalculator-v0`: the calculator is a tool
      that takes 100-500 ms, long-tailed, mean 200 ms): roll_agent with the env's async
      step, then TRL through `environment_factory` with an async tool (one run a side);
@@ -26,6 +27,11 @@ tokens, max turns. Wall-clock = the training loop's time (first step to last), m
 loading excluded on both sides. tokens/sample: generated tokens per trained sample as each
 framework counts them (TRL's `completions/mean_length`): samples/s depends on how long the
 policy's answers grow during the run, which differs from run to run on both sides.
+
+Cores: each side's CPU-seconds (user + system: every thread, and roll_agent's trainer child
+process) from the end of its first training step to the end of its last, over the wall
+time between and the samples of those steps (`StepCpu` here, `Clock` in trl_side.py).
+roll_agent is compared (speed ratio, reward pairs) with the fastest TRL thread setting.
 """
 
 from __future__ import annotations
@@ -38,10 +44,12 @@ import os
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from statistics import mean, stdev
 
+import psutil
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
@@ -60,10 +68,12 @@ ROOT = Path(__file__).resolve().parents[2]
 # 0.82 -> 0.32 / 0.24); 1e-4 keeps it and lets RL refine it
 HP = {"group_size": 8, "groups_per_batch": 4, "micro_batch_size": 8, "lr": 1e-4, "temperature": 1.0, "clip": 0.2,
       "seed": 0}
-# torch intra-op threads, the same on both sides: roll_agent's engine and trainer threads get one
-# each (runtime.torch_threads=1), TRL's single process gets one. torch's default (one per core)
-# made TRL 5-20x slower on the shared 2-core machine: OpenMP threads spin against other jobs.
+# torch intra-op threads of this process's warm-up and evaluation. The runs: roll_agent at
+# --roll-threads (default: its own default, runtime.torch_threads=0), TRL at each --trl-threads.
+# torch's default (one per core) once made TRL 5-20x slower on the shared 2-core machine
+# (OpenMP threads spinning against other jobs): hence both sides' CPU use is printed.
 THREADS = 1
+TORCH_DEFAULT_THREADS = torch.get_num_threads()  # before main() sets THREADS: what a user's run starts with
 SETTINGS = {  # steps: optimizer steps (x 32 trained samples); max_tokens: per completion
     # single-turn steps take ~0.1-0.25 s: 40 of them, so the first (cold, nothing to overlap) and
     # the machine's noise weigh less on both sides than in the 20 steps measured before.
@@ -77,7 +87,8 @@ SETTINGS = {  # steps: optimizer steps (x 32 trained samples); max_tokens: per c
 }
 
 
-def roll_agent_config(task: str, model: str, out: Path, setting: dict, prompt_len: int, seed: int) -> Config:
+def roll_agent_config(task: str, model: str, out: Path, setting: dict, prompt_len: int, seed: int,
+                      threads: int = 0) -> Config:
     # As many env groups as a batch takes: no group-level redundancy. With more (6 for 4-group
     # batches, used before) training outpaced generation here, the groups beyond the async
     # window were dropped as stale, and those are the slowest to finish: the hardest tasks
@@ -96,22 +107,72 @@ def roll_agent_config(task: str, model: str, out: Path, setting: dict, prompt_le
         f"trainer.lr={HP['lr']}", f"trainer.micro_batch_size={HP['micro_batch_size']}", "trainer.updates_per_batch=1",
         "algorithm.advantage=grpo", "algorithm.loss=ppo", "algorithm.kl_coef=0.0", f"algorithm.clip_low={HP['clip']}",
         f"algorithm.clip_high={HP['clip']}", "algorithm.aggregation=token-mean",
-        f"runtime.torch_threads={THREADS}", "warmup.sft_steps=0", "eval.num_episodes=0", "checkpoint.every=0",
+        f"runtime.torch_threads={threads}", "warmup.sft_steps=0", "eval.num_episodes=0", "checkpoint.every=0",
         "logging.progress=false", "logging.backends=[jsonl]", "logging.plot=false",
     ])
     cfg.envs = [EnvSpec(id=tasks.ENV_IDS[task])]
     return cfg
 
 
+class StepCpu(threading.Thread):
+    """CPU seconds (user + system) of this process (engine, controller) and its children (the
+    trainer process) whenever a training step's metrics row appears: the counterpart of
+    trl_side.Clock's marks, so both sides are measured over the same window (first step's end
+    to last step's end) and samples (the steps between)."""
+
+    def __init__(self, metrics: Path):
+        super().__init__(daemon=True)
+        self.metrics = metrics
+        self.marks: list[tuple[int, float, float]] = []  # (steps done, wall, CPU seconds)
+        self.done = threading.Event()
+
+    def run(self) -> None:
+        me, size = psutil.Process(), -1
+        while not self.done.wait(0.01):
+            try:
+                if self.metrics.stat().st_size == size:
+                    continue
+                text = self.metrics.read_text()
+            except FileNotFoundError:
+                continue
+            size, steps = len(text.encode()), text.count('"loss":')
+            if steps and (not self.marks or steps > self.marks[-1][0]):
+                self.marks.append((steps, time.perf_counter(), _cpu_seconds(me)))
+
+    def window(self, rows: list[dict]) -> dict:
+        (first, wall0, cpu0), (last, wall1, cpu1) = self.marks[0], self.marks[-1]
+        return {"seconds": cpu1 - cpu0, "wall_s": wall1 - wall0,
+                "samples": sum(r["episodes"] for r in rows[first:last])}
+
+
+def _cpu_seconds(proc: psutil.Process) -> float:
+    total = 0.0
+    for p in (proc, *proc.children(recursive=True)):
+        try:
+            t = p.cpu_times()
+            total += t.user + t.system
+        except psutil.NoSuchProcess:
+            pass
+    return total
+
+
 def run_roll_agent(cfg: Config) -> dict:
     out = Path(cfg.output_dir)
-    asyncio.run(train(cfg))
+    meter = StepCpu(out / "metrics.jsonl")
+    meter.start()
+    torch.set_num_threads(cfg.runtime.torch_threads or TORCH_DEFAULT_THREADS)  # as `python -m roll_agent.run` would
+    try:
+        asyncio.run(train(cfg))
+    finally:
+        torch.set_num_threads(THREADS)
+        meter.done.set()
+        meter.join()
     rows = [r for r in read_rows(out / "metrics.jsonl") if "time_step_s" in r]
     clock, curve = 0.0, []
     for r in rows:
         clock += r["time_step_s"]
         curve.append((clock, r["reward_mean"]))
-    return {"seconds": clock, "samples": sum(r["episodes"] for r in rows), "curve": curve,
+    return {"seconds": clock, "samples": sum(r["episodes"] for r in rows), "curve": curve, "cpu": meter.window(rows),
             "model": str(Checkpointer(out).latest() / "model"),
             "staleness": sum(r["staleness_mean"] for r in rows) / len(rows),
             # every turn but the last is a tool call (single-turn: none)
@@ -120,7 +181,7 @@ def run_roll_agent(cfg: Config) -> dict:
 
 
 def run_trl(task: str, model: str, root: Path, python: str, probe_seed: int, threads: int, seed: int) -> dict:
-    out = root / f"trl-{task}-{seed}"
+    out = root / f"trl-{task}-{seed}-{threads}t"
     out.mkdir(parents=True, exist_ok=True)
     spec = {"task": task, "model": model, "out": str(out), "hp": {**HP, "seed": seed}, "probe_seed": probe_seed,
             "torch_threads": threads, **SETTINGS[task]}
@@ -164,6 +225,9 @@ def combine(runs: list[dict]) -> dict:
            ("tool_calls", "tokens_per_sample", "train_reward", "eval_reward")}
     out.update(samples=sum(r["samples"] for r in runs), seconds=sum(r["seconds"] for r in runs), runs=runs)
     out["samples_per_s"] = out["samples"] / out["seconds"]
+    cpu = {key: sum(r["cpu"][key] for r in runs) for key in ("seconds", "wall_s", "samples")}
+    out["cpu_s_per_sample"] = cpu["seconds"] / cpu["samples"]
+    out["cores"] = cpu["seconds"] / cpu["wall_s"]  # cores busy on average while training
     return out
 
 
@@ -191,12 +255,19 @@ def plot(results: dict, path: Path) -> None:
     fig.savefig(path, dpi=110)
 
 
+def trl_name(threads: int) -> str:
+    return f"TRL {threads}t" if threads else "TRL default-threads"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--trl-python", default="/work/venv-trl/bin/python", help="TRL's virtual environment")
     ap.add_argument("--plot", default=str(ROOT / "docs" / "vs_trl.png"))
-    ap.add_argument("--trl-threads", type=int, default=THREADS,
-                    help="torch intra-op threads of the TRL process (0: torch's default, one per core)")
+    ap.add_argument("--trl-threads", type=int, nargs="+", default=[1, 2],
+                    help="torch intra-op threads of the TRL process, one set of TRL runs each (0: torch's default, "
+                         "one per core); roll_agent is compared with the fastest")
+    ap.add_argument("--roll-threads", type=int, default=0,
+                    help="runtime.torch_threads of the roll_agent runs (0: its default, torch's own per process)")
     ap.add_argument("--eval-episodes", type=int, default=256, help="greedy held-out episodes per final model")
     ap.add_argument("--sft-steps", type=int, nargs=2, default=None, metavar=("SINGLE", "MULTI"),
                     help="warm-start steps per task (32 demonstrations each); default "
@@ -227,41 +298,48 @@ def main() -> None:
         eval_seeds = [10_000_000 + i for i in range(args.eval_episodes)]
         for task in (tasks.SINGLE_TURN, tasks.MULTI_TURN):
             model, probe_seed, probe_ids = models[task]
-            runs: dict[str, list[dict]] = {"roll_agent": [], "TRL": []}
+            runs: dict[str, list[dict]] = {"roll_agent": [], **{trl_name(n): [] for n in args.trl_threads}}
             rollout_cfg = roll_agent_config(task, model, root / "eval", SETTINGS[task], len(probe_ids), 0).rollout
             start_reward = mean(evaluate_model(task, model, eval_seeds, rollout_cfg).values())  # the warm-start
             for seed in range(SETTINGS[task]["runs"]):
                 cfg = roll_agent_config(task, model, root / f"roll_agent-{task}-{seed}", SETTINGS[task],
-                                        len(probe_ids), seed)
-                ours = run_roll_agent(cfg)
-                theirs = run_trl(task, model, root, args.trl_python, probe_seed, args.trl_threads, seed)
-                print(f"{task} seed {seed}: roll_agent {ours['seconds']:.1f} s, TRL {theirs['seconds']:.1f} s", flush=True)
-                if theirs["prompt_ids"] != probe_ids:
-                    raise RuntimeError(f"{task}: TRL and roll_agent prompt the model differently; fix the task setup")
-                for name, res in (("roll_agent", ours), ("TRL", theirs)):
+                                        len(probe_ids), seed, args.roll_threads)
+                done = {"roll_agent": run_roll_agent(cfg)}
+                for n in args.trl_threads:
+                    done[trl_name(n)] = run_trl(task, model, root, args.trl_python, probe_seed, n, seed)
+                    if done[trl_name(n)]["prompt_ids"] != probe_ids:
+                        raise RuntimeError(f"{task}: TRL and roll_agent prompt the model differently; fix the task setup")
+                print(f"{task} seed {seed}: " + ", ".join(f"{k} {v['seconds']:.1f} s" for k, v in done.items()), flush=True)
+                for name, res in done.items():
                     res["eval_rewards"] = evaluate_model(task, res["model"], eval_seeds, rollout_cfg)
                     res["eval_reward"] = mean(res["eval_rewards"].values())
                     res["train_reward"] = train_reward(res["curve"])
                     runs[name].append(res)
             results[task] = {name: combine(rs) for name, rs in runs.items()}
-            results[task].update(difference=reward_difference(runs["roll_agent"], runs["TRL"]), start_reward=start_reward)
+            # the peer at its best: the TRL thread setting with the most samples/s on this task
+            best = max((trl_name(n) for n in args.trl_threads), key=lambda k: results[task][k]["samples_per_s"])
+            results[task].update(TRL=results[task][best], trl_best=best, start_reward=start_reward,
+                                 difference=reward_difference(runs["roll_agent"], runs[best]))
     report(results, args, time.perf_counter() - start, load0)
 
 
 def report(results: dict, args, elapsed: float, load0: float) -> None:
     rows, ratios, diffs = [], {}, {}
     for task, pair in results.items():
-        for name in ("roll_agent", "TRL"):
+        for name in ["roll_agent"] + [trl_name(n) for n in args.trl_threads]:
             res = pair[name]
-            rows.append((task, name, len(res["runs"]), int(res["samples"]), res["seconds"], res["samples_per_s"],
-                         res["tool_calls"], res["tokens_per_sample"], res["train_reward"], pair["start_reward"],
-                         res["eval_reward"]))
+            rows.append((task, name + (" (fastest)" if name == pair["trl_best"] else ""), len(res["runs"]),
+                         int(res["samples"]), res["seconds"], res["samples_per_s"], res["cores"],
+                         res["cpu_s_per_sample"] * 1000, res["tool_calls"], res["tokens_per_sample"],
+                         res["train_reward"], pair["start_reward"], res["eval_reward"]))
         ratios[task] = pair["roll_agent"]["samples_per_s"] / pair["TRL"]["samples_per_s"]
         diffs[task] = pair["difference"]
     print(f"\nsame checkpoint, G={HP['group_size']}, {HP['groups_per_batch']} groups/step, lr={HP['lr']}; "
           f"{elapsed:.0f} s in all; load average {load0:.1f} -> {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
-    print(table(rows, ("task", "framework", "runs", "samples", "wall_s", "samples/s", "tool_calls/sample",
-                       "tokens/sample", "train_reward", "start_eval_reward", "eval_reward")))
+    print(table(rows, ("task", "framework", "runs", "samples", "wall_s", "samples/s", "cores", "cpu_ms/sample",
+                       "tool_calls/sample", "tokens/sample", "train_reward", "start_eval_reward", "eval_reward")))
+    print("cores: CPU-seconds (user + system, every thread and child process) per wall-second while training; "
+          "ratios and reward pairs are against the fastest TRL setting")
     for task, (diff, se) in diffs.items():
         per_run = {name: " ".join(f"{r['eval_reward']:.3f}" for r in results[task][name]["runs"])
                    for name in ("roll_agent", "TRL")}
@@ -283,6 +361,11 @@ def report(results: dict, args, elapsed: float, load0: float) -> None:
         st_sps_roll=st["roll_agent"]["samples_per_s"], st_sps_trl=st["TRL"]["samples_per_s"],
         st_tokens_roll=st["roll_agent"]["tokens_per_sample"], st_tokens_trl=st["TRL"]["tokens_per_sample"],
         mt_sps_roll=mt["roll_agent"]["samples_per_s"], mt_sps_trl=mt["TRL"]["samples_per_s"],
+        st_cores_roll=st["roll_agent"]["cores"], st_cores_trl=st["TRL"]["cores"],
+        st_cpu_ms_per_sample_roll=st["roll_agent"]["cpu_s_per_sample"] * 1000,
+        st_cpu_ms_per_sample_trl=st["TRL"]["cpu_s_per_sample"] * 1000,
+        mt_cores_roll=mt["roll_agent"]["cores"], mt_cores_trl=mt["TRL"]["cores"],
+        st_trl_threads=st["TRL"]["runs"][0]["torch_threads"], mt_trl_threads=mt["TRL"]["runs"][0]["torch_threads"],
         total_s=round(elapsed)))
 
 

@@ -38,6 +38,7 @@ class Clock(TrainerCallback):
         self.curve: list[tuple[float, float]] = []
         self.tool_calls: list[float] = []  # per sample, each step
         self.lengths: list[float] = []  # generated tokens per sample, each step
+        self.marks: list[tuple[float, float]] = []  # (wall, this process's CPU seconds) at each step's end
 
     def on_train_begin(self, args, state, control, **kwargs):
         self.t0 = time.perf_counter()
@@ -45,6 +46,7 @@ class Clock(TrainerCallback):
     def on_log(self, args, state, control, logs=None, **kwargs):
         if logs and "reward" in logs:
             self.curve.append((time.perf_counter() - self.t0, float(logs["reward"])))
+            self.marks.append((time.perf_counter(), time.process_time()))  # every thread's, user + system
             self.tool_calls.append(float(logs.get("tools/call_frequency", 0.0)))
             self.lengths.append(float(logs.get("completions/mean_length", float("nan"))))
 
@@ -99,7 +101,10 @@ def main() -> None:
               * spec["hp"]["groups_per_batch"], "curve": clock.curve, "model": str(out / "model"),
               "tool_calls": sum(clock.tool_calls) / max(len(clock.tool_calls), 1),
               "tokens_per_sample": sum(clock.lengths) / max(len(clock.lengths), 1),
-              "prompt_ids": probe_prompt(trainer, task, spec["probe_seed"]), "torch_threads": torch_threads()}
+              "prompt_ids": probe_prompt(trainer, task, spec["probe_seed"]), "torch_threads": torch_threads(),
+              # CPU from the first step's end to the last's, over the samples of the steps between
+              "cpu": {"seconds": clock.marks[-1][1] - clock.marks[0][1], "wall_s": clock.marks[-1][0] - clock.marks[0][0],
+                      "samples": (len(clock.marks) - 1) * spec["hp"]["group_size"] * spec["hp"]["groups_per_batch"]}}
     (out / "result.json").write_text(json.dumps(result))
 
 

@@ -91,10 +91,11 @@ def test_combine_sums_samples_and_seconds_and_averages_rewards():
     from benchmarks.vs_trl.run import combine
 
     runs = [{"samples": 100, "seconds": 2.0, "tool_calls": 1.0, "tokens_per_sample": 5.0, "train_reward": 0.5,
-             "eval_reward": 0.92},
+             "eval_reward": 0.92, "cpu": {"seconds": 3.0, "wall_s": 1.5, "samples": 90}},
             {"samples": 100, "seconds": 3.0, "tool_calls": 0.0, "tokens_per_sample": 7.0, "train_reward": 0.7,
-             "eval_reward": 0.96}]
+             "eval_reward": 0.96, "cpu": {"seconds": 3.0, "wall_s": 2.5, "samples": 90}}]
     row = combine(runs)
     assert row["samples_per_s"] == pytest.approx(200 / 5.0)  # not the mean of 50 and 33.3
+    assert row["cores"] == pytest.approx(6.0 / 4.0) and row["cpu_s_per_sample"] == pytest.approx(6.0 / 180)
     assert row["eval_reward"] == pytest.approx(0.94) and row["tokens_per_sample"] == pytest.approx(6.0)
     assert row["runs"] is runs
