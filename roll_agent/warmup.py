@@ -34,6 +34,8 @@ class ExpertPolicy:
 
     def __init__(self, manager: EnvManager, formatter: ChatFormatter, epsilon: float, rng: random.Random):
         self.manager, self.formatter, self.epsilon, self.rng = manager, formatter, epsilon, rng
+        self.truncated = 0  # expert actions cut at the turn's token budget (a demo the model could not finish)
+        self.longest = 0  # tokens of the longest expert action, end of turn included
 
     async def generate(self, request: GenerateRequest) -> GenerateResult:
         admissible = self.manager.info.get("admissible_actions")
@@ -44,6 +46,8 @@ class ExpertPolicy:
         ids = self.formatter.encode(action) + [self.formatter.end_of_turn_id]
         budget = request.sampling.max_new_tokens
         finish = "stop" if len(ids) <= budget else "length"
+        self.truncated += finish == "length"
+        self.longest = max(self.longest, len(ids))
         ids = ids[:budget]
         return GenerateResult(ids, [0.0] * len(ids), [0] * len(ids), finish, request.request_id, 0)
 
@@ -78,6 +82,7 @@ async def run_warmup(trainer, specs: list[EnvSpec], formatter: ChatFormatter, cf
     workers = EnvWorkers()
     managers = [expert_manager(spec, formatter, rollout, cfg.expert_epsilon, rng, workers) for spec in specs]
     bar = tqdm(total=cfg.sft_steps, desc="warm-start", unit="step", disable=not progress, dynamic_ncols=True)
+    truncated_before, warned_truncation = 0, False
     try:
         for step in range(cfg.sft_steps):
             played = [await managers[i % len(managers)].run_episode(rng.randrange(TRAIN_SEED_SPACE))
@@ -90,10 +95,19 @@ async def run_warmup(trainer, specs: list[EnvSpec], formatter: ChatFormatter, cf
             if failed:
                 log.warning("warm-start step %d: %d of %d demonstrations failed (first: %s: %s)", step,
                             len(failed), len(played), failed[0].status, failed[0].error)
+            truncated = sum(m.proxy.truncated for m in managers) - truncated_before
+            truncated_before += truncated
+            if truncated and not warned_truncation:
+                warned_truncation = True
+                log.warning("warm-start: %d expert actions in step %d were cut at rollout.max_new_tokens=%d tokens "
+                            "(the longest has %d): the model learns unfinished demonstrations; raise "
+                            "rollout.max_new_tokens", truncated, step, rollout.max_new_tokens,
+                            max(m.proxy.longest for m in managers))
             metrics = trainer.sft_step(demos, cfg.lr)
             success = sum(d.success for d in demos) / len(demos)
             if log_row is not None:
-                log_row({"sft_step": step, **metrics, "demo_success_rate": success, "demos_failed": len(failed)})
+                log_row({"sft_step": step, **metrics, "demo_success_rate": success, "demos_failed": len(failed),
+                         "demo_actions_truncated": truncated})
             bar.set_postfix(demo_succ=f"{success:.2f}", refresh=False)
             bar.update(1)
         trainer.reset_reference()  # RL's KL term anchors to the warm-started model

@@ -97,3 +97,24 @@ def test_demonstrations_in_env_worker_processes_equal_those_played_here(tiny_mod
         run(here.close())
         run(there.close())
         workers.close()
+
+
+def test_expert_actions_cut_at_the_token_budget_are_counted_and_named(tiny_model_dir, caplog):
+    """A demonstration longer than rollout.max_new_tokens is cut where the model's turn would
+    be: the warm-start says so (the model would learn unfinished actions) and names the fix."""
+    from transformers import AutoTokenizer
+
+    trainer = TorchTrainer(tiny_model_dir, TrainerConfig(micro_batch_size=4), AlgorithmConfig(), ModelConfig(), seed=0)
+    formatter = ChatFormatter(AutoTokenizer.from_pretrained(tiny_model_dir))
+    tool_env = EnvSpec(id="roll_agent/Calculator-v0")  # its expert's first action is a JSON tool call
+    rows, warned = {}, {}
+    for budget in (8, 512):
+        rows[budget] = []
+        caplog.clear()
+        run(run_warmup(trainer, [tool_env], formatter, WarmupConfig(sft_steps=2, episodes_per_step=2, lr=1e-3),
+                       RolloutConfig(max_turns=3, max_new_tokens=budget), seed=0, log_row=rows[budget].append))
+        warned[budget] = [r.getMessage() for r in caplog.records if "cut at rollout.max_new_tokens" in r.getMessage()]
+    assert len(warned[8]) == 1 and "rollout.max_new_tokens=8 " in warned[8][0]  # once per warm-start, not per step
+    assert all(r["demo_actions_truncated"] >= 2 for r in rows[8])  # every demo's tool call
+    assert warned[512] == [] and [r["demo_actions_truncated"] for r in rows[512]] == [0, 0]
+    assert all(r["demo_success_rate"] == 1.0 for r in rows[512])

@@ -38,8 +38,11 @@ def _spec(task: str) -> EnvSpec:
     return EnvSpec(id=tasks.ENV_IDS[task], kwargs=dict(tasks.NO_LATENCY) if task == tasks.MULTI_TURN else {})
 
 
-def prepare_models(root: Path, seed: int, sft_steps: dict[str, int] = SFT_STEPS) -> dict[str, tuple[str, int, list]]:
-    """Per task: the warm-started checkpoint, a probe seed and roll_agent's prompt ids for it."""
+def prepare_models(root: Path, seed: int, rollouts: dict[str, RolloutConfig],
+                   sft_steps: dict[str, int] = SFT_STEPS) -> dict[str, tuple[str, int, list]]:
+    """Per task: the warm-started checkpoint, a probe seed and roll_agent's prompt ids for it.
+    `rollouts`: each task's turns and token budget, as RL plays it (a demonstration is cut
+    at the budget: the tool task's JSON calls need more than the default 8 tokens)."""
     specs = {task: _spec(task) for task in (tasks.SINGLE_TURN, tasks.MULTI_TURN)}
     base = build_tiny_model(root / "base_model", TinyModelConfig(), lambda: env_corpus(list(specs.values()), seed=seed),
                             seed=seed)
@@ -49,7 +52,7 @@ def prepare_models(root: Path, seed: int, sft_steps: dict[str, int] = SFT_STEPS)
     for task, spec in specs.items():
         trainer = TorchTrainer(str(base), TrainerConfig(), AlgorithmConfig(kl_coef=0.0), ModelConfig(), seed=seed)
         asyncio.run(run_warmup(trainer, [spec], formatter, WarmupConfig(sft_steps=sft_steps[task], episodes_per_step=32,
-                                                                        lr=SFT_LR), RolloutConfig(max_turns=3), seed))
+                                                                        lr=SFT_LR), rollouts[task], seed))
         out = root / f"warm_model-{task}"
         trainer.model.save_pretrained(out)
         tokenizer.save_pretrained(out)

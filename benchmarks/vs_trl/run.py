@@ -58,7 +58,7 @@ from benchmarks.common import result_line, table  # noqa: E402
 from benchmarks.vs_trl import tasks  # noqa: E402
 from benchmarks.vs_trl.models import SFT_STEPS, evaluate_model, prepare_models  # noqa: E402
 from roll_agent.checkpoint import Checkpointer  # noqa: E402
-from roll_agent.config import Config, EnvSpec, load_config  # noqa: E402
+from roll_agent.config import Config, EnvSpec, RolloutConfig, load_config  # noqa: E402
 from roll_agent.metrics import read_rows  # noqa: E402
 from roll_agent.run import train  # noqa: E402
 
@@ -293,7 +293,9 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="vs_trl_") as tmp:
         root = Path(tmp)
         sft_steps = dict(zip((tasks.SINGLE_TURN, tasks.MULTI_TURN), args.sft_steps)) if args.sft_steps else SFT_STEPS
-        models = prepare_models(root, HP["seed"], sft_steps)
+        models = prepare_models(root, HP["seed"], {task: RolloutConfig(max_turns=SETTINGS[task]["max_turns"],
+                                                                      max_new_tokens=SETTINGS[task]["max_tokens"])
+                                                   for task in SETTINGS}, sft_steps)
         print(f"models ready ({time.perf_counter() - start:.0f} s)", flush=True)
         eval_seeds = [10_000_000 + i for i in range(args.eval_episodes)]
         for task in (tasks.SINGLE_TURN, tasks.MULTI_TURN):

@@ -22,7 +22,7 @@ from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 
 import ray
-from ray.exceptions import ActorDiedError, RayActorError
+from ray.exceptions import RayActorError
 
 from roll_agent.agents.server import AgentEndpoint
 from roll_agent.config import Config, RolloutConfig
@@ -33,6 +33,7 @@ from roll_agent.rollout.env_manager import EnvManager
 from roll_agent.rollout.env_workers import EnvWorkers
 from roll_agent.rollout.groups import GroupScheduler
 from roll_agent.runtime.forward import answer, answer_async, forwards
+from roll_agent.runtime.ray_supervisor import restarted_pid
 from roll_agent.sync import actors as actor_sync
 from roll_agent.sync.actors import BroadcastSync, ObjectStoreSync
 from roll_agent.types import EngineOutput, Group, Status
@@ -94,7 +95,7 @@ class RemoteEngine:
 
     async def restart(self) -> None:
         """Wait for Ray's restart of the actor (ActorDiedError once its restarts are spent)."""
-        self.pid = await _alive(self.handle)
+        self.pid = await restarted_pid(self.handle.ping.remote, f"engine {self.index}")
         self.alive = True
 
     async def confirm(self) -> None:
@@ -134,17 +135,6 @@ class RemoteEngine:
 async def _close_engine(engine) -> None:
     await engine.close()
     actor_sync.leave_group()
-
-
-async def _alive(handle) -> int:
-    """The actor's pid, once it answers (Ray restarts a dead one); ActorDiedError if it never will."""
-    while True:
-        try:
-            return await handle.ping.remote()
-        except ActorDiedError:
-            raise
-        except RayActorError:  # restarting
-            await asyncio.sleep(0.5)
 
 
 def build_proxy(cfg: Config, engine_handles: list, trainer, sync_type: str, version: int) -> LLMProxy:

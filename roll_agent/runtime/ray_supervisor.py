@@ -23,6 +23,26 @@ STOP_TIMEOUT_S = 30.0  # a worker Ray cannot place again never answers its stop
 EMPTY = {"incarnation": -1, "state": None, "watchdog": {}, "oldest": [], "env_worker_restarts": 0}
 
 
+async def restarted_pid(ping, name: str, stopping=lambda: False) -> int | None:
+    """The pid `ping()` (an actor call) returns once Ray's restart of the actor answers; None if
+    `stopping()` first; ActorDiedError if Ray will not restart it. Says every minute that it
+    still waits (with its node gone, the actor needs room on the nodes left)."""
+    since, warned = time.monotonic(), 0
+    while not stopping():
+        try:
+            return await asyncio.wait_for(ping(), 5.0)
+        except ActorDiedError:
+            raise
+        except (RayActorError, asyncio.TimeoutError):
+            waited = time.monotonic() - since
+            if waited >= 60 * (warned + 1):
+                warned += 1
+                log.warning("%s still waits for Ray to restart it (%.0f s): the cluster may have no room for it on "
+                            "the nodes left (runtime.ray resources and labels)", name, waited)
+            await asyncio.sleep(0.2)
+    return None
+
+
 class WorkerSupervisor:
     def __init__(self, workers: list, buffer, version: int, max_restarts: int):
         """`buffer`: the buffer actor (it gives back a dead worker's places)."""
@@ -61,23 +81,11 @@ class WorkerSupervisor:
 
     async def _restarted(self, w: int) -> bool:
         """Wait until worker `w`'s restarted actor answers; False if it never will or the run stops."""
-        since, warned = time.monotonic(), 0
-        while not self._stopping:
-            try:
-                await asyncio.wait_for(self.workers[w].pid.remote(), 5.0)
-                return True
-            except ActorDiedError:
-                log.error("env worker %d cannot be restarted: its lanes stop", w)
-                return False
-            except (RayActorError, asyncio.TimeoutError):
-                waited = time.monotonic() - since
-                if waited >= 60 * (warned + 1):
-                    warned += 1
-                    log.warning("env worker %d still waits for Ray to restart it (%.0f s): the cluster may have no "
-                                "room for it on the nodes left (runtime.ray.cpus_per_env_worker, env_worker_labels)",
-                                w, waited)
-                await asyncio.sleep(0.2)
-        return False
+        try:
+            return await restarted_pid(self.workers[w].pid.remote, f"env worker {w}", lambda: self._stopping) is not None
+        except ActorDiedError:
+            log.error("env worker %d cannot be restarted: its lanes stop", w)
+            return False
 
     async def _retire(self, w: int) -> dict:
         """Account for a dead incarnation; returns the state its successor starts from."""

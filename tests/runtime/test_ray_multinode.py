@@ -4,8 +4,11 @@ weights checked by checksums on every engine across nodes, and whole nodes lost 
 
 import asyncio
 import os
+import subprocess
+import sys
 import tempfile
 import time
+from pathlib import Path
 
 import pytest
 
@@ -69,11 +72,26 @@ def _restarted_elsewhere(name: str, old_node: str, timeout_s: float = 120.0) -> 
     raise AssertionError(f"{name} was not restarted on another node within {timeout_s:.0f} s")
 
 
+CHILD = "ROLL_AGENT_MULTINODE_CHILD"  # set in the fresh interpreter that runs the scenario
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1000)
+def test_multinode_cluster_in_a_fresh_interpreter(tmp_path):
+    """Runs the scenario below in a pytest of its own. In the suite's process, after another
+    test's Ray session, the cluster's first actor died before it started ('Actor creation
+    cancelled', all references removed) in 2 of 2 full runs and in a 2-test reproduction,
+    never alone (most likely driver-side state Ray keeps in a process from one session to the next)."""
+    test = f"{Path(__file__).resolve()}::test_roles_on_labelled_nodes_weights_verified_and_lost_nodes"
+    child = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--basetemp",
+                            str(tmp_path / "child"), test], env={**os.environ, CHILD: "1"}, cwd=Path(__file__).parents[2],
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=950)
+    assert child.returncode == 0 and " passed" in child.stdout, child.stdout[-20000:]
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-@pytest.mark.skipif(not os.environ.get("ROLL_AGENT_TEST_MULTINODE"), reason=(
-    "opt-in (ROLL_AGENT_TEST_MULTINODE=1): it passes run alone, but in the full suite it failed twice "
-    "at the first actor's creation ('Actor creation cancelled'); under investigation"))
+@pytest.mark.skipif(not os.environ.get(CHILD), reason="run by test_multinode_cluster_in_a_fresh_interpreter")
 def test_roles_on_labelled_nodes_weights_verified_and_lost_nodes(cluster, tmp_path):
     c, nodes = cluster
     base = SMALL + ["runtime.type=ray", f"runtime.ray.address={c.address}", f"output_dir={tmp_path}", *PLACED]
