@@ -32,6 +32,8 @@ Cores: each side's CPU-seconds (user + system: every thread, and roll_agent's tr
 process) from the end of its first training step to the end of its last, over the wall
 time between and the samples of those steps (`StepCpu` here, `Clock` in trl_side.py).
 roll_agent is compared (speed ratio, reward pairs) with the fastest TRL thread setting.
+`--async-ratios 2 0` adds synchronous roll_agent runs on the same seeds (the reward that async
+training costs, if any), compared with both the headline runs and TRL.
 """
 
 from __future__ import annotations
@@ -88,7 +90,7 @@ SETTINGS = {  # steps: optimizer steps (x 32 trained samples); max_tokens: per c
 
 
 def roll_agent_config(task: str, model: str, out: Path, setting: dict, prompt_len: int, seed: int,
-                      threads: int = 0) -> Config:
+                      threads: int = 0, async_ratio: int = 2) -> Config:
     # As many env groups as a batch takes: no group-level redundancy. With more (6 for 4-group
     # batches, used before) training outpaced generation here, the groups beyond the async
     # window were dropped as stale, and those are the slowest to finish: the hardest tasks
@@ -97,7 +99,7 @@ def roll_agent_config(task: str, model: str, out: Path, setting: dict, prompt_le
     # none is dropped and samples/s is the same (single-turn 311-383 vs 326-383; multi-turn 39 vs 40).
     cfg = load_config(None, [
         f"output_dir={out}", f"max_steps={setting['steps']}", f"seed={seed}", f"model.path={model}",
-        "rollout.async_ratio=2", f"rollout.num_env_groups={HP['groups_per_batch']}",
+        f"rollout.async_ratio={async_ratio}", f"rollout.num_env_groups={HP['groups_per_batch']}",
         f"rollout.groups_per_batch={HP['groups_per_batch']}",
         f"rollout.group_size={HP['group_size']}", "rollout.group_size_redundancy=1",
         f"rollout.max_turns={setting['max_turns']}", f"rollout.max_new_tokens={setting['max_tokens']}",
@@ -226,8 +228,9 @@ def combine(runs: list[dict]) -> dict:
     out.update(samples=sum(r["samples"] for r in runs), seconds=sum(r["seconds"] for r in runs), runs=runs)
     out["samples_per_s"] = out["samples"] / out["seconds"]
     cpu = {key: sum(r["cpu"][key] for r in runs) for key in ("seconds", "wall_s", "samples")}
-    out["cpu_s_per_sample"] = cpu["seconds"] / cpu["samples"]
-    out["cores"] = cpu["seconds"] / cpu["wall_s"]  # cores busy on average while training
+    # nan for runs of one step: the window runs from the first step's end to the last's
+    out["cpu_s_per_sample"] = cpu["seconds"] / cpu["samples"] if cpu["samples"] else math.nan
+    out["cores"] = cpu["seconds"] / cpu["wall_s"] if cpu["wall_s"] else math.nan  # cores busy on average while training
     return out
 
 
@@ -259,6 +262,10 @@ def trl_name(threads: int) -> str:
     return f"TRL {threads}t" if threads else "TRL default-threads"
 
 
+def roll_name(async_ratio: int, headline: int) -> str:
+    return "roll_agent" if async_ratio == headline else f"roll_agent async_ratio={async_ratio}"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--trl-python", default="/work/venv-trl/bin/python", help="TRL's virtual environment")
@@ -268,6 +275,9 @@ def main() -> None:
                          "one per core); roll_agent is compared with the fastest")
     ap.add_argument("--roll-threads", type=int, default=0,
                     help="runtime.torch_threads of the roll_agent runs (0: its default, torch's own per process)")
+    ap.add_argument("--async-ratios", type=int, nargs="+", default=[2],
+                    help="rollout.async_ratio of the roll_agent runs, one set of runs each (same RL seeds); the first "
+                         "is the headline, the others are compared with it and with TRL (e.g. 2 0: synchronous too)")
     ap.add_argument("--eval-episodes", type=int, default=256, help="greedy held-out episodes per final model")
     ap.add_argument("--sft-steps", type=int, nargs=2, default=None, metavar=("SINGLE", "MULTI"),
                     help="warm-start steps per task (32 demonstrations each); default "
@@ -300,13 +310,15 @@ def main() -> None:
         eval_seeds = [10_000_000 + i for i in range(args.eval_episodes)]
         for task in (tasks.SINGLE_TURN, tasks.MULTI_TURN):
             model, probe_seed, probe_ids = models[task]
-            runs: dict[str, list[dict]] = {"roll_agent": [], **{trl_name(n): [] for n in args.trl_threads}}
+            arms = {roll_name(r, args.async_ratios[0]): r for r in args.async_ratios}
+            runs: dict[str, list[dict]] = {**{name: [] for name in arms}, **{trl_name(n): [] for n in args.trl_threads}}
             rollout_cfg = roll_agent_config(task, model, root / "eval", SETTINGS[task], len(probe_ids), 0).rollout
             start_reward = mean(evaluate_model(task, model, eval_seeds, rollout_cfg).values())  # the warm-start
             for seed in range(SETTINGS[task]["runs"]):
-                cfg = roll_agent_config(task, model, root / f"roll_agent-{task}-{seed}", SETTINGS[task],
-                                        len(probe_ids), seed, args.roll_threads)
-                done = {"roll_agent": run_roll_agent(cfg)}
+                done = {name: run_roll_agent(roll_agent_config(task, model, root / f"roll_agent-{task}-{seed}-{ratio}",
+                                                               SETTINGS[task], len(probe_ids), seed, args.roll_threads,
+                                                               ratio))
+                        for name, ratio in arms.items()}
                 for n in args.trl_threads:
                     done[trl_name(n)] = run_trl(task, model, root, args.trl_python, probe_seed, n, seed)
                     if done[trl_name(n)]["prompt_ids"] != probe_ids:
@@ -321,14 +333,18 @@ def main() -> None:
             # the peer at its best: the TRL thread setting with the most samples/s on this task
             best = max((trl_name(n) for n in args.trl_threads), key=lambda k: results[task][k]["samples_per_s"])
             results[task].update(TRL=results[task][best], trl_best=best, start_reward=start_reward,
-                                 difference=reward_difference(runs["roll_agent"], runs[best]))
+                                 difference=reward_difference(runs["roll_agent"], runs[best]),
+                                 arms={name: {"vs_trl": reward_difference(runs[name], runs[best]),
+                                              "vs_headline": reward_difference(runs[name], runs["roll_agent"])}
+                                       for name in list(arms)[1:]})
     report(results, args, time.perf_counter() - start, load0)
 
 
 def report(results: dict, args, elapsed: float, load0: float) -> None:
     rows, ratios, diffs = [], {}, {}
     for task, pair in results.items():
-        for name in ["roll_agent"] + [trl_name(n) for n in args.trl_threads]:
+        names = [roll_name(r, args.async_ratios[0]) for r in args.async_ratios] + [trl_name(n) for n in args.trl_threads]
+        for name in names:
             res = pair[name]
             rows.append((task, name + (" (fastest)" if name == pair["trl_best"] else ""), len(res["runs"]),
                          int(res["samples"]), res["seconds"], res["samples_per_s"], res["cores"],
@@ -350,9 +366,18 @@ def report(results: dict, args, elapsed: float, load0: float) -> None:
         verdict = "equal or better" if diff >= -2 * se else "worse"
         print(f"{task}: final reward per RL seed: roll_agent {per_run['roll_agent']}, TRL {per_run['TRL']}; "
               f"roll_agent - TRL = {diff:+.3f} (standard error {se:.3f}, over {over}): {verdict} at 2 standard errors")
+        for name, arm in results[task]["arms"].items():
+            runs = " ".join(f"{r['eval_reward']:.3f}" for r in results[task][name]["runs"])
+            print(f"{task}: {name}: final reward per RL seed {runs}; - TRL = {arm['vs_trl'][0]:+.3f} "
+                  f"(se {arm['vs_trl'][1]:.3f}), - roll_agent = {arm['vs_headline'][0]:+.3f} (se {arm['vs_headline'][1]:.3f})")
     plot(results, Path(args.plot))
     print(f"plot: {args.plot}")
     st, mt = results[tasks.SINGLE_TURN], results[tasks.MULTI_TURN]
+    arms = {}  # each extra async_ratio's single-turn reward: against TRL and against the headline's
+    for r in args.async_ratios[1:]:
+        arm = st["arms"][roll_name(r, args.async_ratios[0])]
+        arms.update({f"st_reward_diff_ar{r}": arm["vs_trl"][0], f"st_reward_diff_ar{r}_se": arm["vs_trl"][1],
+                     f"st_reward_gain_ar{r}": arm["vs_headline"][0], f"st_reward_gain_ar{r}_se": arm["vs_headline"][1]})
     print(result_line(
         single_turn_ratio=ratios[tasks.SINGLE_TURN], multi_turn_ratio=ratios[tasks.MULTI_TURN],
         st_reward_roll=st["roll_agent"]["eval_reward"], st_reward_trl=st["TRL"]["eval_reward"],
@@ -368,7 +393,7 @@ def report(results: dict, args, elapsed: float, load0: float) -> None:
         st_cpu_ms_per_sample_trl=st["TRL"]["cpu_s_per_sample"] * 1000,
         mt_cores_roll=mt["roll_agent"]["cores"], mt_cores_trl=mt["TRL"]["cores"],
         st_trl_threads=st["TRL"]["runs"][0]["torch_threads"], mt_trl_threads=mt["TRL"]["runs"][0]["torch_threads"],
-        total_s=round(elapsed)))
+        **arms, total_s=round(elapsed)))
 
 
 if __name__ == "__main__":
