@@ -15,6 +15,7 @@ One invocation, one after the other on the same machine:
   3. multi-turn tool task (`roll_agent/ToolLatencyCalculator-v0`: the calculator is a tool
      that takes 100-500 ms, long-tailed, mean 200 ms): roll_agent with the env's async
      step, then TRL through `environment_factory` with an async tool (one run a side);
+     `--tool-latency off` trains it with an instant tool: the gain without waits to overlap;
   4. evaluates the warm-start and every final model the same way (greedy, the same 256
      held-out seeds, roll_agent's evaluator), compares the final rewards of each pair of runs
      (same RL seed) seed by seed and averages over the pairs (with the standard error between
@@ -112,7 +113,7 @@ def roll_agent_config(task: str, model: str, out: Path, setting: dict, prompt_le
         f"runtime.torch_threads={threads}", "warmup.sft_steps=0", "eval.num_episodes=0", "checkpoint.every=0",
         "logging.progress=false", "logging.backends=[jsonl]", "logging.plot=false",
     ])
-    cfg.envs = [EnvSpec(id=tasks.ENV_IDS[task])]
+    cfg.envs = [EnvSpec(id=tasks.ENV_IDS[task], kwargs=tasks.train_kwargs(task))]
     return cfg
 
 
@@ -186,7 +187,7 @@ def run_trl(task: str, model: str, root: Path, python: str, probe_seed: int, thr
     out = root / f"trl-{task}-{seed}-{threads}t"
     out.mkdir(parents=True, exist_ok=True)
     spec = {"task": task, "model": model, "out": str(out), "hp": {**HP, "seed": seed}, "probe_seed": probe_seed,
-            "torch_threads": threads, **SETTINGS[task]}
+            "torch_threads": threads, "tool_latency": tasks.TOOL_LATENCY, **SETTINGS[task]}
     (out / "spec.json").write_text(json.dumps(spec))
     env = dict(os.environ, PYTHONPATH=str(ROOT), TOKENIZERS_PARALLELISM="false")
     proc = subprocess.run([python, str(Path(__file__).with_name("trl_side.py")), str(out / "spec.json")],
@@ -278,6 +279,8 @@ def main() -> None:
     ap.add_argument("--async-ratios", type=int, nargs="+", default=[2],
                     help="rollout.async_ratio of the roll_agent runs, one set of runs each (same RL seeds); the first "
                          "is the headline, the others are compared with it and with TRL (e.g. 2 0: synchronous too)")
+    ap.add_argument("--tool-latency", choices=("on", "off"), default="on",
+                    help="the tool task's calculator latency while training (off: the gain without tools to overlap)")
     ap.add_argument("--eval-episodes", type=int, default=256, help="greedy held-out episodes per final model")
     ap.add_argument("--sft-steps", type=int, nargs=2, default=None, metavar=("SINGLE", "MULTI"),
                     help="warm-start steps per task (32 demonstrations each); default "
@@ -291,6 +294,8 @@ def main() -> None:
     ap.add_argument("--lr", type=float, default=HP["lr"], help="RL learning rate, both sides")
     args = ap.parse_args()
     HP["lr"] = args.lr
+    if args.tool_latency == "off":
+        tasks.TOOL_LATENCY.update(tasks.NO_LATENCY)
     if args.runs:
         SETTINGS[tasks.SINGLE_TURN]["runs"], SETTINGS[tasks.MULTI_TURN]["runs"] = args.runs
     if args.steps:
@@ -393,7 +398,7 @@ def report(results: dict, args, elapsed: float, load0: float) -> None:
         st_cpu_ms_per_sample_trl=st["TRL"]["cpu_s_per_sample"] * 1000,
         mt_cores_roll=mt["roll_agent"]["cores"], mt_cores_trl=mt["TRL"]["cores"],
         st_trl_threads=st["TRL"]["runs"][0]["torch_threads"], mt_trl_threads=mt["TRL"]["runs"][0]["torch_threads"],
-        **arms, total_s=round(elapsed)))
+        **arms, tool_latency=args.tool_latency, total_s=round(elapsed)))
 
 
 if __name__ == "__main__":

@@ -20,6 +20,9 @@ SINGLE_TURN = "single_turn"
 MULTI_TURN = "multi_turn"
 ENV_IDS = {SINGLE_TURN: "roll_agent/ReverseLetters-v0", MULTI_TURN: "roll_agent/ToolLatencyCalculator-v0"}
 NO_LATENCY = {"latency_min_s": 0.0, "latency_mean_s": 0.0, "latency_max_s": 0.0}  # warm-start demos, corpus
+# the tool task's latency while training, both sides: {} = the env's own (100-500 ms, mean 200);
+# NO_LATENCY for the setting that shows the engine's gain apart from overlapping tools
+TOOL_LATENCY: dict = {}
 SEED_SPACE = 1_000_000  # training seeds, below roll_agent's eval seeds
 
 
@@ -55,11 +58,16 @@ def reverse_reward(completions: list, seed: list[int], **_) -> list[float]:
     return rewards
 
 
+def train_kwargs(task: str) -> dict:
+    """The env's kwargs while training."""
+    return dict(TOOL_LATENCY) if task == MULTI_TURN else {}
+
+
 class CalculatorToolEnv:
     """TRL `environment_factory` environment: one ToolLatencyCalculator episode per rollout."""
 
     def __init__(self):
-        self.env = make(MULTI_TURN).unwrapped
+        self.env = make(MULTI_TURN, **TOOL_LATENCY).unwrapped
 
     def reset(self, seed: int, **_) -> str:
         obs, _ = self.env.reset(seed=int(seed))

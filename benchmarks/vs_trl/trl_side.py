@@ -82,6 +82,7 @@ def main() -> None:
         torch.set_num_threads(spec["torch_threads"])
     out = Path(spec["out"])
     task = spec["task"]
+    tasks.TOOL_LATENCY.update(spec["tool_latency"])
     tokenizer = AutoTokenizer.from_pretrained(spec["model"], padding_side="left")
     n_prompts = spec["steps"] * spec["hp"]["groups_per_batch"]
     dataset = Dataset.from_list([tasks.prompt_row(task, s) for s in tasks.train_seeds(n_prompts, spec["hp"]["seed"])])
