@@ -34,7 +34,8 @@ process) from the end of its first training step to the end of its last, over th
 time between and the samples of those steps (`StepCpu` here, `Clock` in trl_side.py).
 roll_agent is compared (speed ratio, reward pairs) with the fastest TRL thread setting.
 `--async-ratios 2 0` adds synchronous roll_agent runs on the same seeds (the reward that async
-training costs, if any), compared with both the headline runs and TRL.
+training costs, if any), compared with both the headline runs and TRL; `--roll-threads 0 1`
+adds runs with one torch thread per process (speed against the default's: `st_speed_th1`).
 """
 
 from __future__ import annotations
@@ -263,8 +264,14 @@ def trl_name(threads: int) -> str:
     return f"TRL {threads}t" if threads else "TRL default-threads"
 
 
-def roll_name(async_ratio: int, headline: int) -> str:
-    return "roll_agent" if async_ratio == headline else f"roll_agent async_ratio={async_ratio}"
+def roll_arms(ratios: list[int], threads: list[int]) -> dict[str, tuple[int, int, str]]:
+    """roll_agent's sets of runs by name: (async ratio, torch threads, RESULT key). The headline
+    runs at the first of each; every other ratio at the first thread count, every other thread
+    count at the first ratio."""
+    arms = {"roll_agent": (ratios[0], threads[0], "")}
+    arms.update({f"roll_agent async_ratio={r}": (r, threads[0], f"ar{r}") for r in ratios[1:]})
+    arms.update({f"roll_agent threads={t}": (ratios[0], t, f"th{t}") for t in threads[1:]})
+    return arms
 
 
 def main() -> None:
@@ -274,8 +281,9 @@ def main() -> None:
     ap.add_argument("--trl-threads", type=int, nargs="+", default=[1, 2],
                     help="torch intra-op threads of the TRL process, one set of TRL runs each (0: torch's default, "
                          "one per core); roll_agent is compared with the fastest")
-    ap.add_argument("--roll-threads", type=int, default=0,
-                    help="runtime.torch_threads of the roll_agent runs (0: its default, torch's own per process)")
+    ap.add_argument("--roll-threads", type=int, nargs="+", default=[0],
+                    help="runtime.torch_threads of the roll_agent runs (0: its default, torch's own per process); "
+                         "the first is the headline, others (e.g. 0 1) add runs at the headline's async ratio")
     ap.add_argument("--async-ratios", type=int, nargs="+", default=[2],
                     help="rollout.async_ratio of the roll_agent runs, one set of runs each (same RL seeds); the first "
                          "is the headline, the others are compared with it and with TRL (e.g. 2 0: synchronous too)")
@@ -315,15 +323,14 @@ def main() -> None:
         eval_seeds = [10_000_000 + i for i in range(args.eval_episodes)]
         for task in (tasks.SINGLE_TURN, tasks.MULTI_TURN):
             model, probe_seed, probe_ids = models[task]
-            arms = {roll_name(r, args.async_ratios[0]): r for r in args.async_ratios}
+            arms = roll_arms(args.async_ratios, args.roll_threads)
             runs: dict[str, list[dict]] = {**{name: [] for name in arms}, **{trl_name(n): [] for n in args.trl_threads}}
             rollout_cfg = roll_agent_config(task, model, root / "eval", SETTINGS[task], len(probe_ids), 0).rollout
             start_reward = mean(evaluate_model(task, model, eval_seeds, rollout_cfg).values())  # the warm-start
             for seed in range(SETTINGS[task]["runs"]):
-                done = {name: run_roll_agent(roll_agent_config(task, model, root / f"roll_agent-{task}-{seed}-{ratio}",
-                                                               SETTINGS[task], len(probe_ids), seed, args.roll_threads,
-                                                               ratio))
-                        for name, ratio in arms.items()}
+                done = {name: run_roll_agent(roll_agent_config(
+                            task, model, root / f"roll_agent-{task}-{seed}-{ratio}-{threads}t", SETTINGS[task],
+                            len(probe_ids), seed, threads, ratio)) for name, (ratio, threads, _) in arms.items()}
                 for n in args.trl_threads:
                     done[trl_name(n)] = run_trl(task, model, root, args.trl_python, probe_seed, n, seed)
                     if done[trl_name(n)]["prompt_ids"] != probe_ids:
@@ -348,7 +355,7 @@ def main() -> None:
 def report(results: dict, args, elapsed: float, load0: float) -> None:
     rows, ratios, diffs = [], {}, {}
     for task, pair in results.items():
-        names = [roll_name(r, args.async_ratios[0]) for r in args.async_ratios] + [trl_name(n) for n in args.trl_threads]
+        names = list(roll_arms(args.async_ratios, args.roll_threads)) + [trl_name(n) for n in args.trl_threads]
         for name in names:
             res = pair[name]
             rows.append((task, name + (" (fastest)" if name == pair["trl_best"] else ""), len(res["runs"]),
@@ -378,11 +385,13 @@ def report(results: dict, args, elapsed: float, load0: float) -> None:
     plot(results, Path(args.plot))
     print(f"plot: {args.plot}")
     st, mt = results[tasks.SINGLE_TURN], results[tasks.MULTI_TURN]
-    arms = {}  # each extra async_ratio's single-turn reward: against TRL and against the headline's
-    for r in args.async_ratios[1:]:
-        arm = st["arms"][roll_name(r, args.async_ratios[0])]
-        arms.update({f"st_reward_diff_ar{r}": arm["vs_trl"][0], f"st_reward_diff_ar{r}_se": arm["vs_trl"][1],
-                     f"st_reward_gain_ar{r}": arm["vs_headline"][0], f"st_reward_gain_ar{r}_se": arm["vs_headline"][1]})
+    arms = {}  # each extra set of runs: its single-turn reward against TRL and the headline's, its speed against ours
+    for name, (_, _, key) in list(roll_arms(args.async_ratios, args.roll_threads).items())[1:]:
+        arm = st["arms"][name]
+        arms.update({f"st_reward_diff_{key}": arm["vs_trl"][0], f"st_reward_diff_{key}_se": arm["vs_trl"][1],
+                     f"st_reward_gain_{key}": arm["vs_headline"][0], f"st_reward_gain_{key}_se": arm["vs_headline"][1],
+                     f"st_speed_{key}": st[name]["samples_per_s"] / st["roll_agent"]["samples_per_s"],
+                     f"mt_speed_{key}": mt[name]["samples_per_s"] / mt["roll_agent"]["samples_per_s"]})
     print(result_line(
         single_turn_ratio=ratios[tasks.SINGLE_TURN], multi_turn_ratio=ratios[tasks.MULTI_TURN],
         st_reward_roll=st["roll_agent"]["eval_reward"], st_reward_trl=st["TRL"]["eval_reward"],
