@@ -34,7 +34,7 @@ class ExpertPolicy:
 
     def __init__(self, manager: EnvManager, formatter: ChatFormatter, epsilon: float, rng: random.Random):
         self.manager, self.formatter, self.epsilon, self.rng = manager, formatter, epsilon, rng
-        self.truncated = 0  # expert actions cut at the turn's token budget (a demo the model could not finish)
+        self.truncated = 0  # expert actions cut at the turn's token budget since run_warmup last read it
         self.longest = 0  # tokens of the longest expert action, end of turn included
 
     async def generate(self, request: GenerateRequest) -> GenerateResult:
@@ -82,7 +82,7 @@ async def run_warmup(trainer, specs: list[EnvSpec], formatter: ChatFormatter, cf
     workers = EnvWorkers()
     managers = [expert_manager(spec, formatter, rollout, cfg.expert_epsilon, rng, workers) for spec in specs]
     bar = tqdm(total=cfg.sft_steps, desc="warm-start", unit="step", disable=not progress, dynamic_ncols=True)
-    truncated_before, warned_truncation = 0, False
+    warned_truncation = False
     try:
         for step in range(cfg.sft_steps):
             played = [await managers[i % len(managers)].run_episode(rng.randrange(TRAIN_SEED_SPACE))
@@ -95,8 +95,9 @@ async def run_warmup(trainer, specs: list[EnvSpec], formatter: ChatFormatter, cf
             if failed:
                 log.warning("warm-start step %d: %d of %d demonstrations failed (first: %s: %s)", step,
                             len(failed), len(played), failed[0].status, failed[0].error)
-            truncated = sum(m.proxy.truncated for m in managers) - truncated_before
-            truncated_before += truncated
+            truncated = sum(m.proxy.truncated for m in managers)  # this step's
+            for manager in managers:
+                manager.proxy.truncated = 0
             if truncated and not warned_truncation:
                 warned_truncation = True
                 log.warning("warm-start: %d expert actions in step %d were cut at rollout.max_new_tokens=%d tokens "
