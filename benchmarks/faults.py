@@ -4,6 +4,9 @@ at the default run's topology (the headline) and at a tuned one.
 Both arms of a topology run the same config in this process, alternating (A B A B ...) so machine noise
 hits both: the real rollout stack (LLMProxy + scripted engines, EnvManagers, groups,
 SampleBuffer) on the simulated env, with the trainer played by a fixed sleep per step.
+A third pair of arms ("real trainer") runs the real `train()` of configs/default.yaml (the
+tiny model on the hf engine, the torch trainer in its process, weight sync every step) on the
+same simulated env, faulty vs fault-free: the first `--skip` steps (start-up) are left out.
 
 Why hangs could cost throughput: a hung step holds its env until `step_timeout_s`, and a
 group waiting on it cannot complete. The design's answers, both on in both arms:
@@ -23,17 +26,21 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
+import json
 import logging
 import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.common import build_stack, make_formatter, result_line, sim_spec, table  # noqa: E402
-from roll_agent.config import RolloutConfig, ScriptedEngineConfig, load_config  # noqa: E402
+from benchmarks.common import SIM_ID, build_stack, make_formatter, result_line, sim_spec, table  # noqa: E402
+from roll_agent.config import Config, EnvSpec, RolloutConfig, ScriptedEngineConfig, load_config  # noqa: E402
 from roll_agent.controller import update_weights  # noqa: E402
+from roll_agent.run import train  # noqa: E402
+from roll_agent.tiny_model import prepare_model  # noqa: E402
 
 
 async def run_arm(formatter, cfg: RolloutConfig, env: dict, engine_cfg, batches: int, train_s: float) -> dict:
@@ -55,6 +62,32 @@ async def run_arm(formatter, cfg: RolloutConfig, env: dict, engine_cfg, batches:
     acc = stack.stats().accounting()
     return {"samples_per_s": samples / seconds, "seconds": seconds, "samples": samples,
             "accounted": identity_ok and acc["accounting_ok"], "stuck": stack.watchdog.stats["stuck_env"], **acc}
+
+
+def real_config(out: Path, env: dict, args) -> Config:
+    """configs/default.yaml as a user runs it, on the simulated env: only the measurement's knobs set."""
+    cfg = load_config(None, [
+        f"output_dir={out}", f"max_steps={args.real_steps}", "rollout.max_turns=4",
+        f"rollout.step_timeout_s={args.step_timeout_s}", "warmup.sft_steps=0", "eval.num_episodes=0",
+        "checkpoint.every=0", "logging.progress=false", "logging.backends=[jsonl]", "logging.plot=false"])
+    cfg.envs = [EnvSpec(id=SIM_ID, kwargs=env)]
+    return cfg
+
+
+def run_real(root: Path, model_path: str, env: dict, args, tag: str) -> dict:
+    out = root / tag
+    cfg = real_config(out, env, args)
+    cfg.model.path = model_path
+    asyncio.run(train(cfg))
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    rows = [r for r in rows if "time_step_s" in r]
+    timed = rows[args.skip:]
+    seconds = sum(r["time_step_s"] for r in timed)
+    last = rows[-1]
+    return {"samples_per_s": sum(r["episodes"] for r in timed) / seconds, "seconds": seconds,
+            "accounted": all(r["accounting_ok"] for r in rows), "stuck": last.get("watchdog_stuck_env", 0),
+            "accounting_ok": last["accounting_ok"], "episodes_in_flight": last.get("episodes_in_flight", 0),
+            **{k: v for k, v in last.items() if k.startswith("episodes_total_")}}
 
 
 def topologies(args) -> dict[str, RolloutConfig]:
@@ -80,6 +113,9 @@ def main() -> None:
     ap.add_argument("--redundancy", type=int, default=4, help="the tuned topology's redundant envs per group")
     ap.add_argument("--lanes", type=int, default=12, help="the tuned topology's env groups")
     ap.add_argument("--groups-per-batch", type=int, default=8, help="the tuned topology's groups per batch")
+    ap.add_argument("--real-steps", type=int, default=8, help="training steps of each real-trainer run (0: no "
+                    "real-trainer arms)")
+    ap.add_argument("--skip", type=int, default=2, help="real trainer: start-up steps left out of the rate")
     args = ap.parse_args()
     logging.getLogger("roll_agent.watchdog").setLevel(logging.ERROR)  # one line per hung step: counted instead
 
@@ -89,12 +125,21 @@ def main() -> None:
     faulty = dict(clean, fail_prob=args.fail, hang_prob=args.hang, hang_s=3600.0)
     engine_cfg = ScriptedEngineConfig(response_tokens=4, token_latency_s=0.002)
     formatter = make_formatter()
-    arms: dict[tuple[str, str], list[dict]] = {(t, a): [] for t in configs for a in ("fault-free", "faulty")}
-    for _ in range(args.rounds):
-        for (topology, name), results in arms.items():
-            env = clean if name == "fault-free" else faulty
-            results.append(asyncio.run(run_arm(formatter, configs[topology], env, engine_cfg, args.batches,
-                                               args.train_s)))
+    topology_names = [*configs, "real trainer"] if args.real_steps else list(configs)
+    arms: dict[tuple[str, str], list[dict]] = {(t, a): [] for t in topology_names for a in ("fault-free", "faulty")}
+    with tempfile.TemporaryDirectory(prefix="faults_") as tmp:
+        root = Path(tmp)
+        if args.real_steps:
+            model_path = prepare_model(real_config(root / "unused", clean, args), root)
+            configs["real trainer"] = real_config(root / "unused", clean, args).rollout
+        for rnd in range(args.rounds):
+            for (topology, name), results in arms.items():
+                env = clean if name == "fault-free" else faulty
+                if topology == "real trainer":
+                    results.append(run_real(root, model_path, env, args, f"{name}-{rnd}"))
+                else:
+                    results.append(asyncio.run(run_arm(formatter, configs[topology], env, engine_cfg, args.batches,
+                                                       args.train_s)))
 
     rows, rate = [], {}
     for (topology, name), results in arms.items():
@@ -109,10 +154,11 @@ def main() -> None:
                      str(last["accounting_ok"])))
     print(f"{args.fail:.0%} failing steps, {args.hang:.0%} hanging steps; step ~normal({args.step_ms:.0f} ms, "
           f"{0.4 * args.step_ms:.0f} ms), step_timeout_s={args.step_timeout_s}, train step {args.train_s}s, "
-          f"async ratio 2, {args.batches} batches x {args.rounds} rounds per arm")
+          f"async ratio 2, {args.batches} batches x {args.rounds} rounds per arm; real trainer: "
+          f"{args.real_steps} steps of configs/default.yaml's train() (first {args.skip} not timed)")
     print(table(rows, ("topology", "groups x (size+redundant)", "arm", "samples/s", "started", "trained",
                        "cancelled", "env_error", "stale", "in_flight", "stuck_steps", "identity")))
-    ratio = {t: rate[t, "faulty"] / rate[t, "fault-free"] for t in configs}
+    ratio = {t: rate[t, "faulty"] / rate[t, "fault-free"] for t in topology_names}
     for t, r in ratio.items():
         print(f"{t}: faulty / fault-free = {r:.2f}x")
     if ratio["default"] < 0.8:
@@ -122,7 +168,8 @@ def main() -> None:
               f"rollout.num_env_groups={tuned.num_env_groups} for {tuned.groups_per_batch}-group batches "
               f"(the tuned topology: {ratio['tuned']:.2f}x)")
     accounted = all(r["accounted"] for results in arms.values() for r in results)
-    print(result_line(ratio=ratio["default"], tuned_ratio=ratio["tuned"], accounted=str(accounted).lower(),
+    real = {"real_trainer_ratio": ratio["real trainer"]} if args.real_steps else {}
+    print(result_line(ratio=ratio["default"], tuned_ratio=ratio["tuned"], **real, accounted=str(accounted).lower(),
                       faulty_samples_per_s=rate["default", "faulty"], clean_samples_per_s=rate["default", "fault-free"],
                       fail=args.fail, hang=args.hang, step_timeout_s=args.step_timeout_s))
 

@@ -56,8 +56,6 @@ async def train(cfg: Config) -> int:
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.yaml").write_text(to_yaml(cfg))
     torch.manual_seed(cfg.seed)
-    if cfg.runtime.torch_threads:
-        torch.set_num_threads(cfg.runtime.torch_threads)
     model_path = prepare_model(cfg, out)
     async with open_runtime(cfg, model_path, out) as runtime:  # local: this process; ray: actors on a cluster
         return await run_components(cfg, runtime, model_path, out)

@@ -73,7 +73,8 @@ ROOT = Path(__file__).resolve().parents[2]
 HP = {"group_size": 8, "groups_per_batch": 4, "micro_batch_size": 8, "lr": 1e-4, "temperature": 1.0, "clip": 0.2,
       "seed": 0}
 # torch intra-op threads of this process's warm-up and evaluation. The runs: roll_agent at
-# --roll-threads (default: its own default, runtime.torch_threads=0), TRL at each --trl-threads.
+# --roll-threads (default: its own default, runtime.torch_threads=0: half the CPUs for each of its
+# two processes), TRL at each --trl-threads.
 # torch's default (one per core) once made TRL 5-20x slower on the shared 2-core machine
 # (OpenMP threads spinning against other jobs): hence both sides' CPU use is printed.
 THREADS = 1
@@ -282,7 +283,8 @@ def main() -> None:
                     help="torch intra-op threads of the TRL process, one set of TRL runs each (0: torch's default, "
                          "one per core); roll_agent is compared with the fastest")
     ap.add_argument("--roll-threads", type=int, nargs="+", default=[0],
-                    help="runtime.torch_threads of the roll_agent runs (0: its default, torch's own per process); "
+                    help="runtime.torch_threads of the roll_agent runs (0: its default, the CPUs split between "
+                         "the engine's and the trainer's process); "
                          "the first is the headline, others (e.g. 0 1) add runs at the headline's async ratio")
     ap.add_argument("--async-ratios", type=int, nargs="+", default=[2],
                     help="rollout.async_ratio of the roll_agent runs, one set of runs each (same RL seeds); the first "

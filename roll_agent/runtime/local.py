@@ -3,7 +3,10 @@ optionally in a child process: `runtime.trainer_process`)."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
+
+import torch
 
 from roll_agent.config import Config, ConfigError
 from roll_agent.proxy.engines import make_engines
@@ -23,6 +26,9 @@ class LocalRuntime:
         # the child hands over its CPU parameters in shared memory: the torch trainer on CPU only
         self.trainer_process = cfg.runtime.trainer_process and cfg.trainer.type == "torch" \
             and cfg.trainer.device == "cpu"
+        self.threads = process_threads(cfg.runtime.torch_threads, self.trainer_process)
+        if self.threads:
+            torch.set_num_threads(self.threads)
         self._process_trainer = None
 
     async def __aenter__(self) -> "LocalRuntime":
@@ -36,7 +42,7 @@ class LocalRuntime:
         if self.trainer_process:
             from roll_agent.runtime.trainer_process import ProcessTrainer
 
-            self._process_trainer = ProcessTrainer(self.cfg, self.model_path)
+            self._process_trainer = ProcessTrainer(self.cfg, self.model_path, self.threads)
             return self._process_trainer
         return trainer_for_run(self.cfg, self.model_path)
 
@@ -46,3 +52,17 @@ class LocalRuntime:
         engines = make_engines(cfg.engine, cfg.model, self.model_path, seed=cfg.seed)
         return build_rollout(formatter, cfg.rollout, cfg.envs, engines, cfg.proxy, cfg.seed, trainer.version,
                              cfg.watchdog, InProcessSync(trainer.named_weights), cfg.endpoint)
+
+
+def process_threads(torch_threads: int, trainer_process: bool) -> int:
+    """torch's intra-op threads for this process and the trainer's child (0: leave torch's default).
+
+    `runtime.torch_threads`, when set. At 0 with the trainer in a child process, the CPUs this
+    process may use are split between the two (half each, at least one): the engine's process
+    and the trainer's work at once, and torch's default would give each a thread per core
+    (on 2 cores, one thread each was 1.13x faster single-turn and 1.28x multi-turn than
+    torch's default: docs/performance.md)."""
+    if torch_threads or not trainer_process:
+        return torch_threads
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, cpus // 2)

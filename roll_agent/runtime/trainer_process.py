@@ -40,10 +40,12 @@ class TrainerProcessError(RuntimeError):
 
 @forwards(Trainer)
 class ProcessTrainer:
-    def __init__(self, cfg: Config, model_path: str):
+    def __init__(self, cfg: Config, model_path: str, threads: int = 0):
+        """`threads`: torch's intra-op threads in the child (0: torch's default)."""
         ctx = mp.get_context("spawn")  # never fork: the parent runs threads (engines, env pools)
         conn, child = ctx.Pipe()
-        self._proc = ctx.Process(target=_serve, args=(child, cfg, model_path), name="roll_agent-trainer", daemon=True)
+        self._proc = ctx.Process(target=_serve, args=(child, cfg, model_path, threads), name="roll_agent-trainer",
+                                 daemon=True)
         self._proc.start()
         child.close()
         self._pipe = PeerPipe(conn, self._proc.sentinel)
@@ -92,13 +94,13 @@ class ProcessTrainer:
             self._proc.join()
 
 
-def _serve(conn, cfg: Config, model_path: str) -> None:
+def _serve(conn, cfg: Config, model_path: str, threads: int) -> None:
     """The child: build the trainer, then answer calls until `close` or the parent is gone."""
     from roll_agent.train.trainer import trainer_for_run
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C stops the parent, which closes this process
-    if cfg.runtime.torch_threads:
-        torch.set_num_threads(cfg.runtime.torch_threads)
+    if threads:
+        torch.set_num_threads(threads)
     pipe = PeerPipe(conn, multiprocessing.parent_process().sentinel)
     trainer = None
     while True:

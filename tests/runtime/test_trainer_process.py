@@ -25,7 +25,7 @@ def cfg():
 @pytest.mark.slow
 def test_child_trains_exactly_like_this_process_and_shares_its_weights(cfg, tiny_model_dir, tmp_path):
     here = trainer_for_run(cfg, tiny_model_dir)
-    child = ProcessTrainer(cfg, tiny_model_dir)
+    child = ProcessTrainer(cfg, tiny_model_dir, threads=1)
     try:
         assert child.version == 0 and child._proc.pid != os.getpid()
         for step in range(2):
@@ -52,7 +52,7 @@ def test_child_trains_exactly_like_this_process_and_shares_its_weights(cfg, tiny
 
 @pytest.mark.slow
 def test_a_dead_trainer_process_fails_the_waiting_call(cfg, tiny_model_dir):
-    child = ProcessTrainer(cfg, tiny_model_dir)
+    child = ProcessTrainer(cfg, tiny_model_dir, threads=1)
     os.kill(child._proc.pid, signal.SIGKILL)
     child._proc.join(timeout=30)
     with pytest.raises(TrainerProcessError, match=r"died \(exit code -9\) during 'step'"):
@@ -147,10 +147,10 @@ def test_a_killed_child_fails_every_waiting_call_within_seconds_beside_a_ray_clu
         start = time.monotonic()
         _kill_the_child_once_it_starts()
         with pytest.raises(TrainerProcessError, match=r"died \(exit code -9\) during 'start'"):
-            ProcessTrainer(cfg, tiny_model_dir)
+            ProcessTrainer(cfg, tiny_model_dir, threads=1)
         assert time.monotonic() - start < 120
         for name, call in calls.items():
-            child = ProcessTrainer(cfg, tiny_model_dir)
+            child = ProcessTrainer(cfg, tiny_model_dir, threads=1)
             if name == "load":
                 child.save(tmp_path / "ckpt")
             try:
@@ -161,3 +161,20 @@ def test_a_killed_child_fails_every_waiting_call_within_seconds_beside_a_ray_clu
             assert "died (exit code -9)" in str(error), (name, error)
             assert after < 10, f"{name}: the call failed {after:.1f}s after the kill"
     assert len(forked_twins) == 1 + len(calls)
+
+
+@pytest.mark.parametrize("overrides, expected", [
+    ([], max(1, len(os.sched_getaffinity(0)) // 2)),  # the default: the CPUs split between the two processes
+    (["runtime.torch_threads=3"], 3),
+    (["runtime.trainer_process=false"], 0),  # one process: torch's default, left alone
+])
+def test_the_local_runtime_splits_the_cpus_between_engine_and_trainer_process(overrides, expected, tmp_path):
+    from roll_agent.runtime.local import LocalRuntime
+
+    before = torch.get_num_threads()
+    try:
+        runtime = LocalRuntime(load_config(None, overrides), "unused", tmp_path)
+        assert runtime.threads == expected
+        assert torch.get_num_threads() == (expected or before)
+    finally:
+        torch.set_num_threads(before)
