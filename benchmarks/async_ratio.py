@@ -202,7 +202,8 @@ def main() -> None:
     topologies = ("default", "tuned") if args.topology == "both" else (args.topology,)
 
     start, load0 = time.perf_counter(), os.getloadavg()[0]
-    rate = {t: report(t, measure(t, args, args.budget_s / len(topologies)), args) for t in topologies}
+    measured = {t: measure(t, args, args.budget_s / len(topologies)) for t in topologies}
+    rate = {t: report(t, measured[t], args) for t in topologies}
     print(f"\n{time.perf_counter() - start:.0f} s; load average {load0:.1f} -> {os.getloadavg()[0]:.1f} "
           f"on {os.cpu_count()} cores")
     values = {}
@@ -210,8 +211,9 @@ def main() -> None:
         prefix = "" if t == topologies[0] else f"{t}_"
         values.update({f"{prefix}speedup_2_vs_0": rate[t][2] / rate[t][0],
                        f"{prefix}speedup_2_vs_8": rate[t][2] / rate[t][8],
-                       f"{prefix}sps_0": rate[t][0], f"{prefix}sps_2": rate[t][2]})
-    print(result_line(topology=topologies[0], **values, rounds=args.rounds))
+                       f"{prefix}sps_0": rate[t][0], f"{prefix}sps_2": rate[t][2],
+                       f"{prefix}rounds": len(measured[t][0])})  # rounds run: --budget-s may stop early
+    print(result_line(topology=topologies[0], **values))
 
 
 if __name__ == "__main__":
