@@ -130,8 +130,9 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="faults_") as tmp:
         root = Path(tmp)
         if args.real_steps:
-            model_path = prepare_model(real_config(root / "unused", clean, args), root)
-            configs["real trainer"] = real_config(root / "unused", clean, args).rollout
+            real_cfg = real_config(root / "unused", clean, args)
+            model_path = prepare_model(real_cfg, root)
+            configs["real trainer"] = real_cfg.rollout
         for rnd in range(args.rounds):
             for (topology, name), results in arms.items():
                 env = clean if name == "fault-free" else faulty
