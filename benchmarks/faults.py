@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
-import json
 import logging
 import statistics
 import sys
@@ -39,6 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.common import SIM_ID, build_stack, make_formatter, result_line, sim_spec, table  # noqa: E402
 from roll_agent.config import Config, EnvSpec, RolloutConfig, ScriptedEngineConfig, load_config  # noqa: E402
 from roll_agent.controller import update_weights  # noqa: E402
+from roll_agent.metrics import read_rows  # noqa: E402
 from roll_agent.run import train  # noqa: E402
 from roll_agent.tiny_model import prepare_model  # noqa: E402
 
@@ -79,8 +79,7 @@ def run_real(root: Path, model_path: str, env: dict, args, tag: str) -> dict:
     cfg = real_config(out, env, args)
     cfg.model.path = model_path
     asyncio.run(train(cfg))
-    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    rows = [r for r in rows if "time_step_s" in r]
+    rows = [r for r in read_rows(out / "metrics.jsonl") if "time_step_s" in r]
     timed = rows[args.skip:]
     seconds = sum(r["time_step_s"] for r in timed)
     last = rows[-1]

@@ -376,10 +376,8 @@ class RayConfig:
 @dataclass
 class RuntimeConfig:
     type: str = "local"  # local: one process (asyncio) | ray: components as Ray actors
-    # intra-op threads per process (engines and trainer); 0: local runtime with the trainer process,
-    # half the CPUs each (roll_agent/runtime/local.py: process_threads); otherwise torch's default
-    # (under Ray: the CPUs reserved for the actor)
-    torch_threads: int = 0
+    # intra-op threads per process; 0: half the CPUs each for this process and the trainer process
+    torch_threads: int = 0  # (runtime/local.py: process_threads), else torch's (Ray: the actor's CPUs)
     # local runtime, torch trainer on CPU: train in a child process (its own interpreter and GIL, so
     # training runs beside generation instead of taking turns with it); false, or any other trainer:
     # in a thread of this process

@@ -60,8 +60,8 @@ def process_threads(torch_threads: int, trainer_process: bool) -> int:
     `runtime.torch_threads`, when set. At 0 with the trainer in a child process, the CPUs this
     process may use are split between the two (half each, at least one): the engine's process
     and the trainer's work at once, and torch's default would give each a thread per core
-    (on 2 cores, one thread each was 1.13x faster single-turn and 1.28x multi-turn than
-    torch's default: docs/performance.md)."""
+    (on 2 cores, one thread each was 1.25x faster single-turn and 1.41x multi-turn than
+    torch's default: docs/performance.md, roll_agent vs TRL)."""
     if torch_threads or not trainer_process:
         return torch_threads
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
