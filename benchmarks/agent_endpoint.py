@@ -31,7 +31,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.common import build_stack, consume, make_formatter, result_line, sim_spec, table  # noqa: E402
-from roll_agent.config import EnvSpec, RolloutConfig, ScriptedEngineConfig  # noqa: E402
+from roll_agent.config import EndpointConfig, EnvSpec, RolloutConfig, ScriptedEngineConfig  # noqa: E402
+from roll_agent.agents.workers import default_agent_workers  # noqa: E402
 from roll_agent.types import GenerateRequest, SamplingParams, Trajectory  # noqa: E402
 
 TURNS = 3
@@ -97,7 +98,8 @@ def tiny_model(out: Path):
 
 
 async def throughput(formatter, arm: str, sessions: int, batches: int, latency_s: float, tasks: Path,
-                     model: Path | None = None) -> dict:
+                     model: Path | None = None, agent_workers: int | None = None) -> dict:
+    """`agent_workers`: endpoint.agent_workers for the agent arm (None: the default)."""
     groups = sessions // 8
     rollout = RolloutConfig(async_ratio=2, num_env_groups=groups, groups_per_batch=groups, group_size=8,
                             group_size_redundancy=0, max_turns=TURNS, max_new_tokens=8 if model else 4,
@@ -107,15 +109,17 @@ async def throughput(formatter, arm: str, sessions: int, batches: int, latency_s
     else:
         spec = EnvSpec(id="roll_agent/Agent-v0", kwargs={"agent": "benchmarks.agent_endpoint:three_turn_agent",
                                                          "tasks": str(tasks), "timeout_s": 600})
+    endpoint = EndpointConfig(agent_workers=agent_workers)
     if model is not None:
         from roll_agent.config import EngineConfig, ModelConfig, ProxyConfig
         from roll_agent.proxy.engines import make_engines
         from roll_agent.rollout.stack import build_rollout
 
         engines = make_engines(EngineConfig(type="hf"), ModelConfig(), str(model))
-        stack = build_rollout(formatter, rollout, [spec], engines, ProxyConfig())
+        stack = build_rollout(formatter, rollout, [spec], engines, ProxyConfig(), endpoint_cfg=endpoint)
     else:
-        stack = build_stack(formatter, rollout, [spec], ScriptedEngineConfig(response_tokens=4, latency_s=latency_s))
+        stack = build_stack(formatter, rollout, [spec], ScriptedEngineConfig(response_tokens=4, latency_s=latency_s),
+                            endpoint=endpoint)
     episodes = []
     seconds, fills = await consume(stack, batches + 1, lambda v, batch: episodes.append(
         sum(len(g.trajectories) for g in batch)))
@@ -152,10 +156,18 @@ async def main(args) -> None:
             rows += [(f"native env, {name}", native["episodes_per_s"], native["episodes"], 0),
                      (f"agent via endpoint, {name}", agent["episodes_per_s"], agent["episodes"], agent["errors"])]
             print(f"{args.sessions} sessions, {name}: agent/native {ratios[name]:.2f}x", flush=True)
+            if path is not None:  # the same with the agents in this process (endpoint.agent_workers=0)
+                here = await throughput(fmt, "agent", args.sessions, args.batches, latency_s, tasks, path, 0)
+                ratios["in process"] = here["episodes_per_s"] / native["episodes_per_s"]
+                rows.append((f"agent via endpoint, {name}, agents in this process", here["episodes_per_s"],
+                             here["episodes"], here["errors"]))
+                print(f"{args.sessions} sessions, {name}, agents in this process: agent/native "
+                      f"{ratios['in process']:.2f}x", flush=True)
     print(table(rows, ("arm", "episodes/s", "episodes", "endpoint errors")))
     names = [name for name, _, _ in arms]
     print(result_line(agent_vs_native=ratios[names[0]], added_p50_ms=added_p50, added_p99_ms=added_p99,
                       server_p50_ms=lat["server_p50_ms"], sessions=args.sessions,
+                      agent_vs_native_in_process=ratios["in process"], agent_workers=default_agent_workers(None),
                       agent_vs_native_scripted=ratios[names[1]], agent_vs_native_scripted_latency=ratios[names[2]],
                       model_latency_ms=args.model_latency_s * 1e3))
 

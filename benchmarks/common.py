@@ -9,7 +9,7 @@ import time
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-from roll_agent.config import EnvSpec, ProxyConfig, RolloutConfig, ScriptedEngineConfig  # noqa: E402
+from roll_agent.config import EndpointConfig, EnvSpec, ProxyConfig, RolloutConfig, ScriptedEngineConfig  # noqa: E402
 from roll_agent.controller import update_weights  # noqa: E402
 from roll_agent.proxy.engines.scripted import ScriptedEngine  # noqa: E402
 from roll_agent.rollout.chat import ChatFormatter  # noqa: E402
@@ -35,8 +35,10 @@ def scripted_engines(engine_cfg: ScriptedEngineConfig, num_engines: int = 2) -> 
 
 
 def build_stack(formatter: ChatFormatter, rollout: RolloutConfig, specs: list[EnvSpec],
-                engine_cfg: ScriptedEngineConfig, num_engines: int = 2) -> RolloutStack:
-    return build_rollout(formatter, rollout, specs, scripted_engines(engine_cfg, num_engines), ProxyConfig())
+                engine_cfg: ScriptedEngineConfig, num_engines: int = 2, endpoint: EndpointConfig | None = None
+                ) -> RolloutStack:
+    return build_rollout(formatter, rollout, specs, scripted_engines(engine_cfg, num_engines), ProxyConfig(),
+                         endpoint_cfg=endpoint)
 
 
 async def consume(stack: RolloutStack, batches: int, on_batch=None) -> tuple[float, list[float]]:

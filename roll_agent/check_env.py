@@ -33,7 +33,8 @@ from gymnasium.utils.env_checker import check_env, data_equivalence
 
 from envs import parse_kwargs
 from roll_agent.config import EnvSpec
-from roll_agent.rollout.env_workers import EnvWorkerError, EnvWorkers, declares_thread_safe
+from roll_agent.rollout.env_workers import EnvWorkers, declares_thread_safe
+from roll_agent.worker_process import WorkerError
 
 SEED = 123
 EPISODE_STEPS = 8
@@ -202,7 +203,7 @@ def check_worker_process(env: gymnasium.Env, env_id: str, kwargs: dict[str, Any]
         try:
             try:
                 remote = await workers.pool(spec).make(spec)
-            except EnvWorkerError as exc:
+            except WorkerError as exc:
                 if declares_thread_safe(env_id):  # it never needs a worker unless a config asks
                     warnings.warn(f"{env_id} cannot be made in a fresh process ({exc}), so it cannot run with "
                                   "envs[].workers: register it in an importable module and name it "

@@ -221,9 +221,15 @@ class EndpointConfig:
     tool_parser: str = "hermes"  # model text -> OpenAI tool_calls: hermes (<tool_call>{json}</tool_call>) | module:function
     honor_sampling: bool = False  # true: the agent's temperature / top_p instead of the rollout's (off-policy for RL)
     max_request_mb: float = 8.0  # larger request bodies get a 413
+    # processes function agents run in (roll_agent/agents/workers.py): 0 = this process;
+    # None = one fewer than the usable CPUs, at most 8
+    agent_workers: Optional[int] = None
 
     def __post_init__(self) -> None:
         _positive("endpoint", max_request_mb=self.max_request_mb)
+        if self.agent_workers is not None and self.agent_workers < 0:
+            raise ConfigError(f"endpoint.agent_workers must be >= 0 (0: agents run in this process), "
+                              f"got {self.agent_workers}")
         if not 0 <= self.port < 65536:
             raise ConfigError(f"endpoint.port must be in [0, 65535] (0: a free port), got {self.port}")
 

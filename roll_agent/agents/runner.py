@@ -5,7 +5,8 @@ Two kinds of agent, both unchanged from how they run against OpenAI:
 - a function `module:function`, `async def agent(task, client)` (or a plain `def`, run in a
   thread): `client` is an `openai.AsyncOpenAI` (`openai.OpenAI` for a plain function) whose
   `base_url` and `api_key` are the episode's session; it returns a reward (a number) or a
-  result that the task's reward function scores;
+  result that the task's reward function scores. It runs in an agent worker process
+  (roll_agent/agents/workers.py) when the endpoint has them, else in this process;
 - a command (a list, or a string split like a shell's), run as a subprocess in its own process
   group with `OPENAI_BASE_URL` / `OPENAI_API_KEY` (and `OPENAI_API_BASE` / `ROLL_AGENT_TASK_FILE`)
   set, the task as JSON on stdin and in that file (`{task_file}` in an argument is replaced by
@@ -46,6 +47,7 @@ class AgentSpec:
     cwd: str | None = None
     env: dict[str, str] = field(default_factory=dict)  # extra environment variables for a command
     kwargs: dict[str, Any] = field(default_factory=dict)  # keyword arguments for a function
+    local: bool = False  # a function agent runs in this process, never in an agent worker (its task holds a live env)
 
     def __post_init__(self) -> None:
         if isinstance(self.command, str):
@@ -65,46 +67,41 @@ class AgentSpec:
             raise ValueError(f"cannot import the agent {self.function!r}: {exc} (is its module on PYTHONPATH?)") from exc
 
 
-class HttpClients:
-    """The HTTP connection pools the function agents' openai clients share (one async, one for plain
-    functions in threads): a client of its own per episode would build an SSL context each time
-    (~60 ms) and open new connections."""
-
-    def __init__(self):
-        self._async = self._sync = None
-
-    def get(self, is_async: bool):
-        import openai
-
-        if is_async:
-            self._async = self._async or openai.DefaultAsyncHttpxClient()
-            return self._async
-        self._sync = self._sync or openai.DefaultHttpxClient()
-        return self._sync
-
-    async def close(self) -> None:
-        if self._async is not None:
-            await self._async.aclose()
-        if self._sync is not None:
-            self._sync.close()
-        self._async = self._sync = None
+_ssl_context = None
 
 
-async def run_agent(spec: AgentSpec, task: Any, base_url: str, api_key: str, http: HttpClients | None = None) -> Any:
-    """`http`: connection pools to share between runs (None: the run's client makes its own)."""
+def _http_client(is_async: bool):
+    """An HTTP client of the run's own for its openai client. Not one pool shared by all runs:
+    with hundreds of agents at once, each request would scan all the pool's connections (the
+    single largest cost of an agent call, profiled). Built on one SSL context for all runs:
+    a fresh one loads the CA store (~100 ms a client)."""
+    import ssl
+
+    import openai
+
+    global _ssl_context
+    _ssl_context = _ssl_context or ssl.create_default_context()
+    return (openai.DefaultAsyncHttpxClient if is_async else openai.DefaultHttpxClient)(verify=_ssl_context)
+
+
+async def run_agent(spec: AgentSpec, task: Any, base_url: str, api_key: str, workers=None) -> Any:
+    """`workers`: agent worker processes (roll_agent/agents/workers.py) for a function agent that
+    may leave this process (None: it runs here)."""
+    if spec.function and workers is not None and not spec.local:
+        return await workers.run(spec, task, base_url, api_key)
     if spec.function:
-        return await _run_function(spec, task, base_url, api_key, http)
+        return await run_function(spec, task, base_url, api_key)
     return await _run_command(spec, task, base_url, api_key)
 
 
-async def _run_function(spec: AgentSpec, task: Any, base_url: str, api_key: str, http: HttpClients | None) -> Any:
+async def run_function(spec: AgentSpec, task: Any, base_url: str, api_key: str) -> Any:
     import openai
 
     fn = spec.load()
     is_async = inspect.iscoroutinefunction(fn)
     kind = openai.AsyncOpenAI if is_async else openai.OpenAI
     client = kind(base_url=base_url, api_key=api_key, max_retries=0, timeout=spec.timeout_s,
-                  http_client=http.get(is_async) if http is not None else None)
+                  http_client=_http_client(is_async))
     try:
         async with asyncio.timeout(spec.timeout_s):
             if is_async:
@@ -116,10 +113,9 @@ async def _run_function(spec: AgentSpec, task: Any, base_url: str, api_key: str,
         tail = "".join(traceback.format_exception(exc))[-TAIL_CHARS:]
         raise AgentError(f"the agent {spec.function} raised {type(exc).__name__}: {exc}\n{tail}") from exc
     finally:
-        if http is None:  # a shared pool stays open for the next run
-            closing = client.close()
-            if inspect.isawaitable(closing):
-                await closing
+        closing = client.close()  # and its HTTP client
+        if inspect.isawaitable(closing):
+            await closing
 
 
 async def _run_command(spec: AgentSpec, task: Any, base_url: str, api_key: str) -> dict:

@@ -32,7 +32,7 @@ import time
 from collections import Counter
 
 from roll_agent.agents import openai_api as api
-from roll_agent.agents.runner import HttpClients
+from roll_agent.agents.workers import AgentWorkers, default_agent_workers
 from roll_agent.agents.sessions import Call, Session
 from roll_agent.config import EndpointConfig, RolloutConfig
 from roll_agent.types import GenerateRequest, GenerateResult, SamplingParams, Trajectory
@@ -58,7 +58,8 @@ class AgentEndpoint:
         self._serving: asyncio.Task | None = None
         self._starting: asyncio.Lock | None = None
         self._closing = False
-        self.http = HttpClients()  # the connection pools function agents' openai clients share
+        n = default_agent_workers(self.cfg.agent_workers)
+        self.workers = AgentWorkers(n) if n else None  # processes start on the first run
 
     # ---- lifecycle -------------------------------------------------------------------------
     async def start(self) -> None:
@@ -93,9 +94,10 @@ class AgentEndpoint:
 
     async def close(self) -> None:
         self._closing = True
+        if self.workers is not None:  # their runs are cancelled, their agents' connections closed
+            await asyncio.to_thread(self.workers.close)
         for session in list(self.sessions.values()):
             session.close()
-        await self.http.close()
         if self._server is not None:
             self._server.should_exit = True
             await asyncio.gather(self._serving, return_exceptions=True)
@@ -151,10 +153,11 @@ class AgentEndpoint:
             parsed = api.parse(model, body)
             return await answer(request, session, parsed)
         except api.APIError as exc:
-            # a request cut by its episode's end (a redundant or stale episode cancelled) is no error:
-            # its agent was cancelled with it and sees no answer
-            self.stats["ended" if exc.code == "session_ended" else "errors"] += 1
-            if exc.code != "session_ended":
+            # a request cut by its episode's end (a redundant or stale episode cancelled) or by the
+            # run's is no error: its agent is cancelled with it and sees no answer
+            ended = exc.code == "session_ended" or self._closing
+            self.stats["ended" if ended else "errors"] += 1
+            if not ended:
                 self.error_codes[exc.code or str(exc.status)] += 1
                 log.debug("agent endpoint: %s %s", exc.status, exc.message)
             return JSONResponse(exc.body(), status_code=exc.status)
@@ -181,12 +184,17 @@ class AgentEndpoint:
                                code="request_too_large")
         if int(request.headers.get("content-length") or 0) > limit:
             raise too_big
+        from starlette.requests import ClientDisconnect
+
         chunks, size = [], 0
-        async for chunk in request.stream():
-            size += len(chunk)
-            if size > limit:
-                raise too_big
-            chunks.append(chunk)
+        try:
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > limit:
+                    raise too_big
+                chunks.append(chunk)
+        except ClientDisconnect as exc:  # gone while sending: there is no one to answer
+            raise api.APIError(499, "The client closed the connection.", code="client_closed") from exc
         return b"".join(chunks)
 
     # ---- answering -------------------------------------------------------------------------
@@ -221,7 +229,8 @@ class AgentEndpoint:
             if not gen.done():  # the client went away: the engine stops working on it
                 gen.cancel()
                 await asyncio.gather(gen, return_exceptions=True)
-                raise api.APIError(499, "The client closed the connection.", code="client_closed")
+                if not session.closed:  # else its agent was cancelled with its episode (in a worker: later)
+                    raise api.APIError(499, "The client closed the connection.", code="client_closed")
             if gen.cancelled():
                 raise api.APIError(404, "The session's episode ended during this request.", "not_found_error",
                                    code="session_ended")

@@ -19,8 +19,9 @@ Tasks from a gymnasium env instead of a file: `task_env: module:Name-v0` (and
 `step(answer)` with the agent's result (as text) gives the reward, or its `evaluate(result)`
 when it has one (a reward, or (reward, info)). `task["env"]` is that env itself, for a function
 agent that acts in it (roll_agent/agents/mini_swe_agent.py runs its commands in the SWE env's
-sandbox); a command agent's JSON task leaves it out. `agent_kwargs` are passed to a function
-agent as keyword arguments.
+sandbox); a command agent's JSON task leaves it out, and a function agent given such a task runs
+in the rollout's process (others run in agent worker processes: roll_agent/agents/workers.py).
+`agent_kwargs` are passed to a function agent as keyword arguments.
 """
 
 from __future__ import annotations
@@ -56,7 +57,8 @@ class AgentTaskEnv(gymnasium.Env):
                  task_env: str = "", task_env_kwargs: dict | None = None, timeout_s: float = 600.0,
                  cwd: str | None = None, env: dict | None = None, agent_kwargs: dict | None = None):
         self.agent = AgentSpec(function=agent, command=command or [], timeout_s=timeout_s, cwd=cwd,
-                               env={str(k): str(v) for k, v in (env or {}).items()}, kwargs=dict(agent_kwargs or {}))
+                               env={str(k): str(v) for k, v in (env or {}).items()}, kwargs=dict(agent_kwargs or {}),
+                               local=bool(task_env))  # a task env's task holds the env: it cannot travel
         if bool(tasks) == bool(task_env):
             raise ValueError("an agent env needs exactly one task source: tasks (a JSONL file) or task_env (a gymnasium id)")
         self.observation_space = _TEXT

@@ -242,7 +242,7 @@ class EnvManager:
         try:
             try:
                 result = await run_agent(agent, task, self.endpoint.session_url(session), session.key,
-                                         self.endpoint.http)
+                                         self.endpoint.workers)
             except AgentError as exc:
                 if not session.truncated:  # a failure, not the agent giving up at a turn or context limit
                     raise EnvStepError(str(exc)) from exc

@@ -4,7 +4,8 @@ C extension) or whose steps hold the GIL run in worker processes instead of the 
 Each worker is a fresh Python process (`python -c ...serve(fd)`, not a fork of a process that
 holds a model) hosting several env instances and serving their calls one at a time, so its
 engine state is its own and no lock is shared between workers. An EnvManager sees a
-`WorkerEnv`: an async env (`areset` / `astep`) whose calls travel over a socket pair. A
+`WorkerEnv`: an async env (`areset` / `astep`) whose calls travel over a socket pair
+(roll_agent/worker_process.py, the parent's side it shares with agent workers). A
 worker that dies (a segfault in C code, SIGKILL) fails the calls in flight on it (those
 episodes end as `env_error`), and the next env made or reset there starts a fresh worker;
 an env whose call is still pending when its episode gives up on it (past the step timeout)
@@ -17,32 +18,19 @@ an env class that declares `metadata["thread_safe"] = False`, else 0.
 
 from __future__ import annotations
 
-import asyncio
 import importlib
-import itertools
 import logging
 import os
-import socket
-import subprocess
-import sys
-import threading
 from multiprocessing.connection import Connection
 
 import gymnasium
 
 from roll_agent.config import EnvSpec
+from roll_agent.worker_process import WorkerPool, WorkerProcess
 
 log = logging.getLogger(__name__)
 
 MAX_DEFAULT_WORKERS = 16  # more: `envs[].workers: N`
-
-
-class EnvWorkerError(RuntimeError):
-    """The env raised in its worker (the message carries the worker-side exception)."""
-
-
-class EnvWorkerDied(EnvWorkerError):
-    """The worker process hosting the env died during (or before) the call."""
 
 
 def declares_thread_safe(env_id: str) -> bool:
@@ -119,135 +107,11 @@ def serve(fd: int) -> None:
 # ---- the parent side ---------------------------------------------------------------------
 
 
-class _Worker:
-    """One worker process and the calls in flight on it. Calls are sent from any thread;
-    a reader thread settles their futures on the loop that made them. Sending holds its own
-    lock, never the one the reader takes, so the worker's answers are always drained and a
-    full socket cannot deadlock the two."""
-
-    def __init__(self, index: int):
-        ours, theirs = socket.socketpair()
-        code = f"import sys; sys.path[:0] = {sys.path!r}; from roll_agent.rollout.env_workers import serve; serve({theirs.fileno()})"
-        self.process = subprocess.Popen([sys.executable, "-c", code], pass_fds=[theirs.fileno()])
-        theirs.close()
-        self.index = index
-        self.conn = Connection(ours.detach())
-        self.hosted = 0  # envs living here
-        self.died: str | None = None  # why it is gone
-        self._lock = threading.Lock()  # the pending calls and `died`
-        self._send_lock = threading.Lock()
-        self._ids = itertools.count()
-        self._pending: dict[int, tuple[int, asyncio.AbstractEventLoop, asyncio.Future]] = {}  # id: key, loop, future
-        threading.Thread(target=self._read, name=f"env-worker-{index}-reader", daemon=True).start()
-
-    def call(self, op: str, key: int, *args) -> asyncio.Future:
-        loop = asyncio.get_running_loop()
-        future = loop.create_future()
-        with self._lock:
-            call_id, alive = next(self._ids), self.died is None
-            if alive:
-                self._pending[call_id] = (key, loop, future)
-        if alive and self._send((call_id, op, key, args)):
-            return future
-        with self._lock:
-            self._pending.pop(call_id, None)
-        if not future.done():
-            future.set_exception(EnvWorkerDied(self.died or f"env worker {self.index} is gone"))
-        return future
-
-    def notify(self, op: str, key: int) -> None:
-        """A call whose answer nobody waits for (close); safe from any thread."""
-        self._send((-1, op, key, ()))
-
-    def _send(self, message: tuple) -> bool:
-        with self._send_lock:
-            try:
-                self.conn.send(message)
-                return True
-            except OSError:  # the worker is gone (or going): the reader fails what was in flight
-                return False
-
-    def _read(self) -> None:
-        while True:
-            try:
-                call_id, ok, result = self.conn.recv()
-            except (EOFError, OSError):
-                break
-            with self._lock:
-                entry = self._pending.pop(call_id, None)
-            if entry is not None:
-                _settle(*entry[1:], ok, result)
-        code = self.process.wait()
-        with self._lock:
-            self.died = f"env worker {self.index} (pid {self.process.pid}) died with exit code {code}"
-            pending, self._pending = self._pending, {}
-        with self._send_lock:
-            self.conn.close()
-        if pending:
-            log.warning("%s; %d env call(s) in flight on it fail", self.died, len(pending))
-        for _, loop, future in pending.values():
-            _settle(loop, future, False, EnvWorkerDied(self.died))
-
-    def busy(self) -> bool:
-        """Whether any call is unanswered."""
-        with self._lock:
-            return bool(self._pending)
-
-    def answering(self, key: int) -> bool:
-        """Whether a call of env `key` is still unanswered (its caller may have stopped waiting)."""
-        with self._lock:
-            return any(k == key for k, _, _ in self._pending.values())
-
-    def kill(self) -> None:
-        if self.process.poll() is None:
-            self.process.kill()
-
-    def close(self) -> None:
-        self.notify("quit", -1)  # the worker closes its envs and exits
-        try:
-            self.process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            self.kill()
-
-
-def _settle(loop: asyncio.AbstractEventLoop, future: asyncio.Future, ok: bool, result) -> None:
-    def settle() -> None:
-        if future.done():  # its caller was cancelled
-            return
-        if ok:
-            future.set_result(result)
-        else:
-            future.set_exception(result if isinstance(result, BaseException) else EnvWorkerError(result))
-
-    try:
-        loop.call_soon_threadsafe(settle)
-    except RuntimeError:  # the loop is closed: nobody waits any more
-        pass
-
-
-class EnvWorkerPool:
+class EnvWorkerPool(WorkerPool):
     """`size` worker processes for one env spec; a new env goes to the one hosting fewest."""
 
     def __init__(self, size: int, name: str = "env"):
-        if size < 1:
-            raise ValueError(f"an env worker pool needs at least one worker, got {size}")
-        self.size = size
-        self.name = name
-        self.workers: list[_Worker | None] = [None] * size
-        self.restarts = 0
-        self._keys = itertools.count()
-        self._closed = False
-
-    def _place(self) -> _Worker:
-        if self._closed:
-            raise EnvWorkerError(f"the {self.name} env workers are closed")
-        for i, worker in enumerate(self.workers):
-            if worker is None or worker.died is not None:
-                if worker is not None:
-                    self.restarts += 1
-                    log.warning("restarting %s env worker %d (%s)", self.name, i, worker.died)
-                self.workers[i] = _Worker(i)
-        return min(self.workers, key=lambda w: w.hosted)
+        super().__init__(size, __name__, f"{name} env")
 
     async def make(self, spec: EnvSpec) -> WorkerEnv:
         env = WorkerEnv(self, spec)
@@ -258,12 +122,6 @@ class EnvWorkerPool:
             raise
         return env
 
-    def close(self) -> None:
-        self._closed = True
-        for worker in self.workers:
-            if worker is not None:
-                worker.close()
-
 
 class WorkerEnv:
     """An env living in a worker process, as the EnvManager drives it (an async env)."""
@@ -271,8 +129,8 @@ class WorkerEnv:
     def __init__(self, pool: EnvWorkerPool, spec: EnvSpec):
         self.pool = pool
         self.spec = spec
-        self.worker: _Worker | None = None
-        self.key = next(pool._keys)
+        self.worker: WorkerProcess | None = None
+        self.key = next(pool.keys)
 
     @property
     def unwrapped(self) -> WorkerEnv:
@@ -280,7 +138,7 @@ class WorkerEnv:
 
     async def place(self) -> None:
         """Make the env on the least loaded live worker (a dead one is restarted first)."""
-        self.worker = self.pool._place()
+        self.worker = self.pool.place()
         self.worker.hosted += 1
         await self._call("make", self.spec)
 
@@ -312,7 +170,7 @@ class WorkerEnv:
             return
         worker.hosted -= 1
         if kill_if_pending and worker.died is None and worker.answering(self.key):
-            log.warning("env %s has a call pending in %s env worker %d: killing the worker",
+            log.warning("env %s has a call pending in %s worker %d: killing the worker",
                         self.key, self.pool.name, worker.index)
             worker.kill()
         else:

@@ -8,9 +8,10 @@ import signal
 import pytest
 
 from roll_agent.config import ConfigError, EnvSpec, RolloutConfig, load_config
-from roll_agent.rollout.env_workers import MAX_DEFAULT_WORKERS, EnvWorkerError, EnvWorkers, num_workers
+from roll_agent.rollout.env_workers import MAX_DEFAULT_WORKERS, EnvWorkers, num_workers
 from roll_agent.rollout.envs import make_env
 from roll_agent.types import Status
+from roll_agent.worker_process import WorkerError
 from tests.conftest import run
 from tests.rollout.harness import build, train_loop
 
@@ -76,10 +77,10 @@ def test_an_env_error_in_a_worker_names_the_env_and_the_worker_goes_on():
         try:
             env = await workers.pool(spec).make(spec)
             await env.areset(seed=0)
-            with pytest.raises(EnvWorkerError, match="SimulatedEnvError"):
+            with pytest.raises(WorkerError, match="SimulatedEnvError"):
                 await env.astep("anything")
             env.close()
-            with pytest.raises(EnvWorkerError, match="Cannot make env"):
+            with pytest.raises(WorkerError, match="Cannot make env"):
                 await workers.pool(spec).make(EnvSpec(id="roll_agent/NoSuchEnv-v0"))
             return await play_in(workers, EnvSpec(id=LAKE.id, kwargs=LAKE.kwargs, workers=1), 3)
         finally:
