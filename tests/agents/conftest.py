@@ -42,6 +42,20 @@ def stack_for(formatter, script=None, rollout: RolloutConfig | None = None, spec
     return build_rollout(formatter, rollout, specs or [EnvSpec()], engines, endpoint_cfg=endpoint)
 
 
+def train_stack(stack, steps: int = 2, timeout: float = 120):
+    """Consume `steps` batches of `stack` like the controller, then close it: (stack, consumed)."""
+    from tests.conftest import run
+    from tests.rollout.harness import train_loop
+
+    async def go():
+        try:
+            return await train_loop(stack, steps=steps)
+        finally:
+            await stack.close()
+
+    return stack, run(go(), timeout=timeout)
+
+
 @contextlib.asynccontextmanager
 async def session_of(stack, env_id: str = "agent-test"):
     """A started endpoint and one open session; yields (session, base_url)."""

@@ -11,9 +11,8 @@ import pytest
 
 from roll_agent.config import EnvSpec, RolloutConfig
 from roll_agent.types import Status
-from tests.agents.conftest import answering, stack_for
+from tests.agents.conftest import answering, stack_for, train_stack
 from tests.conftest import run
-from tests.rollout.harness import train_loop
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "openai_agent"
 sys.path.insert(0, str(EXAMPLE))  # the example agent's module, as PYTHONPATH gives it to a run
@@ -41,15 +40,8 @@ ROLLOUT = RolloutConfig(async_ratio=1, num_env_groups=2, groups_per_batch=2, gro
 
 
 def play(formatter, spec: EnvSpec, steps: int = 2, rollout: RolloutConfig = ROLLOUT):
-    stack = stack_for(formatter, answering(formatter, calculator_model), rollout=rollout, specs=[spec])
-
-    async def go():
-        try:
-            return await train_loop(stack, steps=steps)
-        finally:
-            await stack.close()
-
-    return stack, run(go(), timeout=120)
+    return train_stack(stack_for(formatter, answering(formatter, calculator_model), rollout=rollout, specs=[spec]),
+                       steps)
 
 
 def test_the_example_openai_sdk_agent_plays_groups_and_is_scored(formatter):
@@ -133,16 +125,8 @@ def test_weight_updates_amid_32_concurrent_agent_sessions_are_invisible_to_the_a
     slow = ScriptedEngineConfig(token_latency_s=0.003)  # each answer takes ~0.1 s: updates land mid-answer
     # the example agent after a random pause (< 0.5 s): episodes out of lockstep, as real agents'
     spec = agent_spec(agent="tests.agents.agents_for_tests:staggered_solve")
-    stack = stack_for(formatter, answering(formatter, calculator_model), rollout=rollout, specs=[spec],
-                      engine_cfg=slow, num_engines=2)
-
-    async def go():
-        try:
-            return await train_loop(stack, steps=4)
-        finally:
-            await stack.close()
-
-    consumed = run(go(), timeout=180)
+    stack, consumed = train_stack(stack_for(formatter, answering(formatter, calculator_model), rollout=rollout,
+                                            specs=[spec], engine_cfg=slow, num_engines=2), steps=4, timeout=180)
     assert stack.endpoint.stats["errors"] == 0, stack.endpoint.error_codes
     counts = stack.buffer.ledger.counts
     assert counts["env_error"] == 0 and stack.stats().accounting()["accounting_ok"]
@@ -267,15 +251,7 @@ def test_tasks_from_a_gymnasium_env_scored_by_its_step(formatter):
 
     spec = EnvSpec(id="roll_agent/Agent-v0", kwargs={"agent": "tests.agents.test_agent_episodes:reverse_agent",
                                                      "task_env": "roll_agent/ReverseLetters-v0", "timeout_s": 30})
-    stack = stack_for(formatter, answering(formatter, reverse), rollout=ROLLOUT, specs=[spec])
-
-    async def go():
-        try:
-            return await train_loop(stack, steps=2)
-        finally:
-            await stack.close()
-
-    consumed = run(go(), timeout=120)
+    stack, consumed = train_stack(stack_for(formatter, answering(formatter, reverse), rollout=ROLLOUT, specs=[spec]))
     episodes = [t for _, batch in consumed for g in batch for t in g.trajectories]
     assert episodes and all(t.status == Status.FINISHED for t in episodes)
     for t in episodes:

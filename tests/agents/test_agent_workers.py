@@ -12,9 +12,8 @@ from roll_agent.agents.runner import AgentError, AgentSpec
 from roll_agent.agents.workers import AgentWorkers, default_agent_workers
 from roll_agent.config import ConfigError, EndpointConfig, EnvSpec, RolloutConfig
 from roll_agent.types import Status
-from tests.agents.conftest import answering, stack_for
+from tests.agents.conftest import answering, stack_for, train_stack
 from tests.conftest import run
-from tests.rollout.harness import train_loop
 
 AGENTS = "tests.agents.agents_for_tests"
 ROLLOUT = RolloutConfig(async_ratio=1, num_env_groups=2, groups_per_batch=2, group_size=2, group_size_redundancy=1,
@@ -30,17 +29,9 @@ def agent_env(tmp_path, agent: str, task_ids=range(8)) -> EnvSpec:
                                                      "agent_kwargs": {"marker_dir": str(markers)}})
 
 
-def train(formatter, spec: EnvSpec, agent_workers: int, steps: int = 2):
-    stack = stack_for(formatter, answering(formatter, lambda text: "ok"), rollout=ROLLOUT, specs=[spec],
-                      endpoint=EndpointConfig(agent_workers=agent_workers))
-
-    async def go():
-        try:
-            return await train_loop(stack, steps=steps)
-        finally:
-            await stack.close()
-
-    return stack, run(go(), timeout=120)
+def train(formatter, spec: EnvSpec, agent_workers: int):
+    return train_stack(stack_for(formatter, answering(formatter, lambda text: "ok"), rollout=ROLLOUT, specs=[spec],
+                                 endpoint=EndpointConfig(agent_workers=agent_workers)))
 
 
 def batch_episodes(consumed):
