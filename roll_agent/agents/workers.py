@@ -19,7 +19,6 @@ this process may use, at most `MAX_DEFAULT_AGENT_WORKERS`.
 from __future__ import annotations
 
 import asyncio
-import logging
 import os
 import threading
 from multiprocessing.connection import Connection
@@ -27,8 +26,6 @@ from typing import Any
 
 from roll_agent.agents.runner import AgentError, AgentSpec, run_function
 from roll_agent.worker_process import WorkerError, WorkerPool
-
-log = logging.getLogger(__name__)
 
 MAX_DEFAULT_AGENT_WORKERS = 8
 REPLY_GRACE_S = 30.0  # past the agent's own timeout (enforced in the worker) before the parent gives up
@@ -61,7 +58,10 @@ async def _serve(conn: Connection) -> None:
                 message = conn.recv()
             except (EOFError, OSError):  # the parent is gone
                 message = None
-            loop.call_soon_threadsafe(inbox.put_nowait, message)
+            try:
+                loop.call_soon_threadsafe(inbox.put_nowait, message)
+            except RuntimeError:  # the loop has ended (quit): nothing is listening
+                return
             if message is None:
                 return
 
