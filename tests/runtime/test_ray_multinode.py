@@ -14,6 +14,7 @@ import pytest
 
 ray = pytest.importorskip("ray")
 
+from ray._private.utils import get_ray_address_file  # noqa: E402
 from ray.cluster_utils import Cluster  # noqa: E402
 
 from roll_agent.config import load_config  # noqa: E402
@@ -39,6 +40,9 @@ def cluster():
     is detected at Ray's default pace (5 missed health checks 3 s apart): faster settings let a
     starved raylet on the loaded 2-core CI machine be declared dead, and the driver's job with it."""
     temp_dir = tempfile.mkdtemp(prefix="roll-ray-")  # short: Ray's unix socket paths end at 107 bytes
+    # Cluster also records its address in Ray's default temp folder, which it does not create
+    # (a fresh machine has no /tmp/ray)
+    os.makedirs(os.path.dirname(get_ray_address_file(None)), exist_ok=True)
     c = Cluster(initialize_head=True, head_node_args={**NODE, "num_cpus": 2, "labels": {"role": "engines"},
                                                       "include_dashboard": False, "temp_dir": temp_dir})
     nodes = {"trainer": c.add_node(**NODE, num_cpus=1, labels={"role": "trainer"}),
