@@ -19,8 +19,7 @@ from roll_agent.types import Trajectory
 
 @dataclass
 class TokenBatch:
-    ids: torch.Tensor  # [n, width] long, right-padded with 0
-    attention_mask: torch.Tensor  # [n, width] long
+    ids: torch.Tensor  # [n, width] long, right-padded with 0 (causal attention: no mask needed)
     loss_mask: torch.Tensor  # [n, width - 1 - start] float: 1 where the target token is trained
     behaviour_logprobs: torch.Tensor  # [n, width - 1 - start] float: the sampler's log-prob of each target
     start: int = 0  # the first position whose logits are computed
@@ -41,17 +40,15 @@ def collate(trajs: list[Trajectory], skip_untrained: bool = False) -> TokenBatch
     width = max(len(t.token_ids) for t in trajs)
     n = len(trajs)
     ids = torch.zeros((n, width), dtype=torch.long)
-    attn = torch.zeros((n, width), dtype=torch.long)
     mask = torch.zeros((n, width), dtype=torch.float32)
     behav = torch.zeros((n, width), dtype=torch.float32)
     for i, t in enumerate(trajs):
         length = len(t.token_ids)
         ids[i, :length] = torch.tensor(t.token_ids)
-        attn[i, :length] = 1
         mask[i, :length] = torch.tensor(t.loss_mask, dtype=torch.float32)
         behav[i, :length] = torch.tensor(t.logprobs, dtype=torch.float32)
     start = max(0, min(first_trained(t.loss_mask) for t in trajs) - 1) if skip_untrained else 0
-    return TokenBatch(ids, attn, mask[:, 1 + start:], behav[:, 1 + start:], start)
+    return TokenBatch(ids, mask[:, 1 + start:], behav[:, 1 + start:], start)
 
 
 def first_trained(loss_mask: list[int]) -> int:

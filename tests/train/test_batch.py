@@ -17,7 +17,6 @@ def _traj(prompt: list[int], response: list[int], logprob: float) -> Trajectory:
 def test_padding_masks_and_shifted_targets():
     batch = collate([_traj([1, 2, 3], [4, 5], -0.5), _traj([6], [7, 8, 9], -1.0)])
     assert batch.ids.tolist() == [[1, 2, 3, 4, 5], [6, 7, 8, 9, 0]]
-    assert batch.attention_mask.tolist() == [[1, 1, 1, 1, 1], [1, 1, 1, 1, 0]]
     # target j is token j + 1: trained where that token was sampled, with its sampler log-prob
     assert batch.loss_mask.tolist() == [[0, 0, 1, 1], [1, 1, 1, 0]]
     assert batch.behaviour_logprobs.tolist() == [[0, 0, -0.5, -0.5], [-1.0, -1.0, -1.0, 0]]

@@ -131,3 +131,25 @@ def test_logprob_diff_is_the_mean_gap_between_trainer_and_sampler_per_trained_to
 
     assert trainer.step(groups(0.0))["logprob_diff_mean"] < 1e-5
     assert trainer.step(groups(0.5))["logprob_diff_mean"] == pytest.approx(0.5, abs=1e-4)
+
+
+def test_a_rows_log_probs_do_not_depend_on_the_padding_beside_it(tiny_model_dir):
+    """Rows are right-padded and the model runs without an attention mask (causal attention: a
+    token never sees the padding after it): a short episode batched beside a long one gets the
+    log-probs it gets alone, at every position."""
+    trainer = TorchTrainer(tiny_model_dir, TrainerConfig(), AlgorithmConfig(kl_coef=0.0), ModelConfig(), seed=0)
+    trainer.narrow_logits = False  # every position compared
+    rng = random.Random(2)
+    trajs = []
+    for prompt_len, response_len in ((40, 9), (5, 3)):
+        t = Trajectory(group_id=0, reward=1.0)
+        t.append([rng.randrange(5, 300) for _ in range(prompt_len)], generated=False)
+        t.append([rng.randrange(5, 300) for _ in range(response_len)], generated=True,
+                 logprobs=[-1.0] * response_len, versions=[0] * response_len)
+        trajs.append(t)
+    with torch.no_grad():
+        together, _ = trainer.logprobs(trainer.batch(trajs))
+        alone, _ = trainer.logprobs(trainer.batch(trajs[1:]))
+    n = alone.shape[1]
+    assert together.shape[1] > n
+    torch.testing.assert_close(together[1, :n], alone[0], rtol=1e-5, atol=1e-6)
