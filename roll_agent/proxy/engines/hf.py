@@ -70,7 +70,9 @@ class HFEngine:
         self._worker: asyncio.Task | None = None
         self._lock = threading.Lock()  # weights vs decode
         self._plain = _plain_cache(self.model.config)  # rows of its KV can be copied, stacked, reused
-        tokens = cfg.prefix_cache_tokens if cfg.prefix_cache_tokens is not None else self._tokens_in(cfg.kv_cache_space_gib or 1.0)
+        tokens = cfg.prefix_cache_tokens
+        if tokens is None:  # as much KV as kv_cache_space_gib holds (0 means vLLM's own sizing: 1 GiB here)
+            tokens = self._tokens_in(cfg.kv_cache_space_gib or 1.0)
         self.prefix_cache = PrefixCache(tokens) if tokens and self._plain else None
 
     @torch.inference_mode()
