@@ -69,7 +69,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.common import SIM_ID, result_line, table  # noqa: E402
-from roll_agent.config import Config, EnvSpec, load_config  # noqa: E402
+from roll_agent.config import Config, EnvSpec  # noqa: E402
+from roll_agent.config_loader import load_config  # noqa: E402
 from roll_agent.run import train  # noqa: E402
 from roll_agent.tiny_model import build_tiny_model, env_corpus, prepare_model  # noqa: E402
 

@@ -36,7 +36,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.common import SIM_ID, build_stack, make_formatter, result_line, sim_spec, table  # noqa: E402
-from roll_agent.config import Config, EnvSpec, RolloutConfig, ScriptedEngineConfig, load_config  # noqa: E402
+from roll_agent.config import Config, EnvSpec, RolloutConfig, ScriptedEngineConfig  # noqa: E402
+from roll_agent.config_loader import load_config  # noqa: E402
 from roll_agent.controller import update_weights  # noqa: E402
 from roll_agent.metrics import read_rows  # noqa: E402
 from roll_agent.run import train  # noqa: E402

@@ -29,7 +29,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.common import build_stack, consume, make_formatter, result_line, sim_spec, table  # noqa: E402
-from roll_agent.config import RolloutConfig, ScriptedEngineConfig, load_config  # noqa: E402
+from roll_agent.config import RolloutConfig, ScriptedEngineConfig  # noqa: E402
+from roll_agent.config_loader import load_config  # noqa: E402
 
 STRAGGLER_SHARE = 0.1
 SLOWDOWN = 10.0

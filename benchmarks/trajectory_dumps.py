@@ -23,7 +23,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.common import result_line  # noqa: E402
-from roll_agent.config import Config, load_config  # noqa: E402
+from roll_agent.config import Config  # noqa: E402
+from roll_agent.config_loader import load_config  # noqa: E402
 from roll_agent.run import train  # noqa: E402
 from roll_agent.tiny_model import prepare_model  # noqa: E402
 

@@ -1,21 +1,16 @@
-"""Typed configuration: one dataclass per component, loaded with OmegaConf.
+"""Typed configuration: one dataclass per component.
 
 The dataclass defaults *are* the embedded default run (tiny model, CPU, FrozenLake);
 `configs/default.yaml` spells the same values out and a test keeps them equal.
-Each component receives only its own section.
+Each component receives only its own section. roll_agent/config_loader.py loads and
+validates a Config from YAML and overrides.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import difflib
-import typing
 from dataclasses import dataclass, field
 from typing import Any, Optional
-
-import yaml
-from omegaconf import OmegaConf
-from omegaconf.errors import OmegaConfBaseException
 
 
 # The algorithm names a config may choose; roll_agent/train/algorithms.py implements each.
@@ -468,73 +463,3 @@ class Config:
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
-
-
-def _check_keys(data: Any, cls: type, where: str) -> None:
-    """Reject unknown keys anywhere in `data`, naming the closest valid key."""
-    if not isinstance(data, dict):
-        return
-    hints = typing.get_type_hints(cls)
-    fields = {f.name for f in dataclasses.fields(cls)}
-    for key, value in data.items():
-        path = f"{where}.{key}" if where else str(key)
-        if key not in fields:
-            close = difflib.get_close_matches(str(key), sorted(fields), n=1)
-            hint = f" Did you mean '{(where + '.') if where else ''}{close[0]}'?" if close else ""
-            raise ConfigError(f"Unknown config key '{path}'.{hint} Valid keys here: {sorted(fields)}")
-        sub = hints[key]
-        if dataclasses.is_dataclass(sub):
-            _check_keys(value, sub, path)
-        elif typing.get_origin(sub) is list and dataclasses.is_dataclass(typing.get_args(sub)[0]):
-            for i, item in enumerate(value or []):
-                _check_keys(item, typing.get_args(sub)[0], f"{path}[{i}]")
-
-
-def _to_dict(node: Any) -> Any:
-    return OmegaConf.to_container(node, resolve=True) if OmegaConf.is_config(node) else node
-
-
-def load_config(path: str | None = None, overrides: list[str] | None = None) -> Config:
-    """Defaults <- YAML file <- `section.key=value` overrides; returns a validated Config.
-    Any problem with them is a ConfigError (never a parser's own exception)."""
-    try:
-        return _load(path, overrides)
-    except ConfigError:
-        raise
-    except (OmegaConfBaseException, yaml.YAMLError, TypeError, ValueError, KeyError, AttributeError, IndexError,
-            RecursionError) as exc:  # malformed YAML or overrides that the OmegaConf/YAML parsers reject
-        source = f"config file {path}" + (f" and overrides {overrides}" if overrides else "") if path else \
-            f"overrides {overrides}"
-        raise ConfigError(f"Cannot use {source}: {type(exc).__name__}: {exc}. Fix the value or key named here; "
-                          "overrides look like section.key=value with YAML values.") from exc
-
-
-def _load(path: str | None, overrides: list[str] | None) -> Config:
-    layers = []
-    if path:
-        try:
-            layers.append(OmegaConf.load(path))
-        except (OSError, OmegaConfBaseException, ValueError, yaml.YAMLError) as exc:
-            raise ConfigError(f"Cannot read config file {path}: {exc}") from exc
-    if overrides:
-        for item in overrides:
-            if "=" not in item:
-                raise ConfigError(f"Override '{item}' must look like section.key=value")
-        layers.append(OmegaConf.from_dotlist(list(overrides)))
-    for layer in layers:
-        _check_keys(_to_dict(layer), Config, "")
-    try:
-        merged = OmegaConf.merge(OmegaConf.structured(Config), *layers)
-        return OmegaConf.to_object(merged)
-    except OmegaConfBaseException as exc:
-        key = getattr(exc, "full_key", None)
-        raise ConfigError(f"Invalid value for '{key}': {exc.msg if hasattr(exc, 'msg') else exc}") from exc
-
-
-def to_yaml(cfg: Config) -> str:
-    return OmegaConf.to_yaml(OmegaConf.structured(cfg))
-
-
-def to_dict(cfg: Config) -> dict:
-    """The config as plain dicts and lists (what the trackers record as the run's parameters)."""
-    return OmegaConf.to_container(OmegaConf.structured(cfg))

@@ -15,7 +15,8 @@ import transformers
 from transformers import AutoTokenizer
 
 from roll_agent.checkpoint import Checkpointer
-from roll_agent.config import Config, ConfigError, load_config, to_dict, to_yaml
+from roll_agent.config import Config, ConfigError
+from roll_agent.config_loader import load_config, to_dict, to_yaml
 from roll_agent.controller import AsyncController, Components
 from roll_agent.metrics import MetricsLogger, plot_curves
 from roll_agent.rollout.chat import ChatFormatter

@@ -26,7 +26,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from roll_agent.config import Config, EnvSpec, RolloutConfig, load_config
+from roll_agent.config import Config, EnvSpec, RolloutConfig
+from roll_agent.config_loader import load_config
 from roll_agent.rollout.chat import ChatFormatter
 from roll_agent.rollout.env_manager import EnvManager
 from roll_agent.types import Trajectory

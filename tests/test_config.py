@@ -4,7 +4,8 @@ from pathlib import Path
 
 import pytest
 
-from roll_agent.config import Config, ConfigError, load_config
+from roll_agent.config import Config, ConfigError
+from roll_agent.config_loader import load_config
 
 CONFIGS = sorted((Path(__file__).parent.parent / "configs").rglob("*.yaml"))
 

@@ -2,7 +2,7 @@
 
 import pytest
 
-from roll_agent.config import load_config
+from roll_agent.config_loader import load_config
 from roll_agent.metrics import read_rows
 from roll_agent.run import train
 from tests.conftest import run

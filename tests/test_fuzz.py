@@ -13,7 +13,8 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 import envs
 from envs.text_adapter import parse_action
 from envs.tool_use import CalculatorEnv, evaluate
-from roll_agent.config import Config, ConfigError, load_config
+from roll_agent.config import Config, ConfigError
+from roll_agent.config_loader import load_config
 
 FUZZ = settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 # model output: any unicode, plus fragments that look like what parsers look for

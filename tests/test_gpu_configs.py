@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from roll_agent.config import load_config
+from roll_agent.config_loader import load_config
 from roll_agent.proxy.engines import engine_config
 
 GPU_CONFIGS = sorted((Path(__file__).parent.parent / "configs" / "gpu").glob("*.yaml"))

@@ -62,6 +62,7 @@ RULES = [
     ("sandboxes", "roll_agent", ()), ("sandboxes", "envs", ()),
     ("envs", "roll_agent", ()),
     ("roll_agent.config", "roll_agent", ("roll_agent.config",)),
+    ("roll_agent.config_loader", "roll_agent", ("roll_agent.config", "roll_agent.config_loader")),
     ("roll_agent.types", "roll_agent", ("roll_agent.types",)),
     ("roll_agent.proxy", "roll_agent.rollout", ()), ("roll_agent.proxy", "roll_agent.train", ()),
     ("roll_agent.train", "roll_agent.rollout", ()), ("roll_agent.train", "roll_agent.proxy", ()),

@@ -10,7 +10,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from roll_agent.checkpoint import Checkpointer
-from roll_agent.config import load_config
+from roll_agent.config_loader import load_config
 from roll_agent.metrics import read_rows
 from roll_agent.run import train
 from tests.conftest import run

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from roll_agent.config import ConfigError, load_config
+from roll_agent.config import ConfigError
+from roll_agent.config_loader import load_config
 from roll_agent.metrics import read_rows
 from roll_agent.run import train
 from tests.conftest import run

@@ -62,7 +62,8 @@ from benchmarks.common import result_line, table  # noqa: E402
 from benchmarks.vs_trl import tasks  # noqa: E402
 from benchmarks.vs_trl.models import SFT_STEPS, evaluate_model, prepare_models  # noqa: E402
 from roll_agent.checkpoint import Checkpointer  # noqa: E402
-from roll_agent.config import Config, EnvSpec, RolloutConfig, load_config  # noqa: E402
+from roll_agent.config import Config, EnvSpec, RolloutConfig  # noqa: E402
+from roll_agent.config_loader import load_config  # noqa: E402
 from roll_agent.metrics import read_rows  # noqa: E402
 from roll_agent.run import train  # noqa: E402
 

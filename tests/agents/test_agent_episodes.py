@@ -299,7 +299,8 @@ def test_a_cancelled_command_agent_is_killed_with_its_children(formatter, tmp_pa
 
 
 def test_an_agent_env_in_worker_processes_is_a_config_error():
-    from roll_agent.config import ConfigError, load_config
+    from roll_agent.config import ConfigError
+    from roll_agent.config_loader import load_config
 
     with pytest.raises(ConfigError, match="workers is not for roll_agent/Agent-v0"):
         load_config(overrides=["envs=[{id: roll_agent/Agent-v0, workers: 2, kwargs: {agent: 'a:b', tasks: t}}]"])

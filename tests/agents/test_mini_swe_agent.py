@@ -6,7 +6,7 @@ import dataclasses
 import pytest
 
 from envs.swe.instance import write_jsonl
-from roll_agent.config import load_config
+from roll_agent.config_loader import load_config
 from roll_agent.metrics import read_rows
 from roll_agent.run import train
 from roll_agent.trajectory_dumps import read_dumps

@@ -7,7 +7,8 @@ import signal
 
 import pytest
 
-from roll_agent.config import ConfigError, EnvSpec, RolloutConfig, load_config
+from roll_agent.config import ConfigError, EnvSpec, RolloutConfig
+from roll_agent.config_loader import load_config
 from roll_agent.rollout.env_workers import MAX_DEFAULT_WORKERS, EnvWorkers, num_workers
 from roll_agent.rollout.envs import make_env
 from roll_agent.types import Status

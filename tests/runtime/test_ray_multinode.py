@@ -17,7 +17,7 @@ ray = pytest.importorskip("ray")
 from ray._private.utils import get_ray_address_file  # noqa: E402
 from ray.cluster_utils import Cluster  # noqa: E402
 
-from roll_agent.config import load_config  # noqa: E402
+from roll_agent.config_loader import load_config  # noqa: E402
 from roll_agent.metrics import read_rows  # noqa: E402
 from roll_agent.run import train  # noqa: E402
 from tests.conftest import processes_naming, run  # noqa: E402

@@ -9,7 +9,8 @@ import pytest
 
 ray = pytest.importorskip("ray")
 
-from roll_agent.config import ConfigError, load_config  # noqa: E402
+from roll_agent.config import ConfigError  # noqa: E402
+from roll_agent.config_loader import load_config  # noqa: E402
 from roll_agent.metrics import read_rows  # noqa: E402
 from roll_agent.run import train  # noqa: E402
 from roll_agent.runtime import ray_hosts  # noqa: E402

@@ -11,7 +11,7 @@ import time
 import pytest
 import torch
 
-from roll_agent.config import load_config
+from roll_agent.config_loader import load_config
 from roll_agent.train.trainer import trainer_for_run
 from roll_agent.runtime.trainer_process import ProcessTrainer, TrainerProcessError
 from tests.train.test_policy_step import multi_turn_groups

@@ -5,7 +5,7 @@ import pytest
 
 ray = pytest.importorskip("ray")
 
-from roll_agent.config import load_config  # noqa: E402
+from roll_agent.config_loader import load_config  # noqa: E402
 from roll_agent.protocols import Engine, Trainer  # noqa: E402
 from roll_agent.runtime.forward import AsyncHost, Host  # noqa: E402
 from roll_agent.runtime.ray_hosts import RemoteEngine  # noqa: E402

@@ -4,7 +4,8 @@ import math
 
 import pytest
 
-from roll_agent.config import AlgorithmConfig, Config, ConfigError, ModelConfig, TrainerConfig, load_config
+from roll_agent.config import AlgorithmConfig, Config, ConfigError, ModelConfig, TrainerConfig
+from roll_agent.config_loader import load_config
 from roll_agent.train.trainer import trainer_for_run
 from roll_agent.train.lr_schedule import lr_at
 from roll_agent.train.trainer import TorchTrainer
