@@ -378,7 +378,8 @@ class RayConfig:
 @dataclass
 class RuntimeConfig:
     type: str = "local"  # local: one process (asyncio) | ray: components as Ray actors
-    # intra-op threads per process; 0: half the CPUs each for this process and the trainer process
+    # intra-op threads per process; 0: torch's default in this process and the trainer process (the
+    # CPUs split between them where OpenMP's idle threads spin)
     torch_threads: int = 0  # (runtime/local.py: process_threads), else torch's (Ray: the actor's CPUs)
     # local runtime, torch trainer on CPU: train in a child process (its own interpreter and GIL, so
     # training runs beside generation instead of taking turns with it); false, or any other trainer:

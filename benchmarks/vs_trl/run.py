@@ -54,7 +54,6 @@ from pathlib import Path
 from statistics import mean, stdev
 
 import psutil
-import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
@@ -66,6 +65,9 @@ from roll_agent.config import Config, EnvSpec, RolloutConfig  # noqa: E402
 from roll_agent.config_loader import load_config  # noqa: E402
 from roll_agent.metrics import read_rows  # noqa: E402
 from roll_agent.run import train  # noqa: E402
+
+# after roll_agent, as in `python -m roll_agent.run`: roll_agent sets OpenMP's wait policy before torch loads it
+import torch  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 # lr: 1e-3 (used first) wrecks a warm-started policy (ours from the default warm-starts: single-turn

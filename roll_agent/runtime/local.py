@@ -57,12 +57,15 @@ class LocalRuntime:
 def process_threads(torch_threads: int, trainer_process: bool) -> int:
     """torch's intra-op threads for this process and the trainer's child (0: leave torch's default).
 
-    `runtime.torch_threads`, when set. At 0 with the trainer in a child process, the CPUs this
-    process may use are split between the two (half each, at least one): the engine's process
-    and the trainer's work at once, and torch's default would give each a thread per core
-    (on 2 cores, one thread each was 1.25x faster single-turn and 1.41x multi-turn than
-    torch's default: docs/performance.md, roll_agent vs TRL)."""
+    `runtime.torch_threads`, when set. At 0 with the trainer in a child process: torch's default
+    (one thread per core in each process) where OpenMP's idle threads sleep (OMP_WAIT_POLICY=PASSIVE,
+    set by roll_agent/__init__.py when it is imported before torch); where they spin, the CPUs this
+    process may use are split between the two (half each, at least one), since two pools spinning
+    against each other cost more than they add. On 2 cores (docs/performance.md, CPU split):
+    the default run's steps 1.6x faster than the split, vs TRL's tasks the same."""
     if torch_threads or not trainer_process:
         return torch_threads
+    if os.environ.get("OMP_WAIT_POLICY", "").strip().upper() == "PASSIVE":
+        return 0
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     return max(1, cpus // 2)

@@ -5,6 +5,8 @@ import multiprocessing
 import os
 import pickle
 import signal
+import subprocess
+import sys
 import threading
 import time
 
@@ -163,14 +165,24 @@ def test_a_killed_child_fails_every_waiting_call_within_seconds_beside_a_ray_clu
     assert len(forked_twins) == 1 + len(calls)
 
 
-@pytest.mark.parametrize("overrides, expected", [
-    ([], max(1, len(os.sched_getaffinity(0)) // 2)),  # the default: the CPUs split between the two processes
-    (["runtime.torch_threads=3"], 3),
-    (["runtime.trainer_process=false"], 0),  # one process: torch's default, left alone
+SPLIT = max(1, len(os.sched_getaffinity(0)) // 2)
+
+
+@pytest.mark.parametrize("overrides, wait_policy, expected", [
+    ([], "PASSIVE", 0),  # the default, roll_agent imported before torch: torch's own threads in each process
+    ([], None, SPLIT),  # OpenMP threads spin: the CPUs split between the two processes
+    ([], "active", SPLIT),
+    (["runtime.torch_threads=3"], "PASSIVE", 3),
+    (["runtime.trainer_process=false"], None, 0),  # one process: torch's default, left alone
 ])
-def test_the_local_runtime_splits_the_cpus_between_engine_and_trainer_process(overrides, expected, tmp_path):
+def test_the_local_runtime_splits_the_cpus_only_where_openmp_threads_spin(overrides, wait_policy, expected, tmp_path,
+                                                                           monkeypatch):
     from roll_agent.runtime.local import LocalRuntime
 
+    if wait_policy is None:
+        monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    else:
+        monkeypatch.setenv("OMP_WAIT_POLICY", wait_policy)
     before = torch.get_num_threads()
     try:
         runtime = LocalRuntime(load_config(None, overrides), "unused", tmp_path)
@@ -178,3 +190,16 @@ def test_the_local_runtime_splits_the_cpus_between_engine_and_trainer_process(ov
         assert torch.get_num_threads() == (expected or before)
     finally:
         torch.set_num_threads(before)
+
+
+def test_importing_roll_agent_before_torch_makes_openmp_threads_sleep():
+    code = "import os, roll_agent, torch; print(os.environ.get('OMP_WAIT_POLICY'))"
+    env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
+    first = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert first.stdout.strip() == "PASSIVE"
+    late = subprocess.run([sys.executable, "-c", code.replace("roll_agent, torch", "torch, roll_agent")], env=env,
+                          capture_output=True, text=True, check=True)
+    assert late.stdout.strip() == "None"  # torch loaded OpenMP first: the policy is left as it was
+    mine = subprocess.run([sys.executable, "-c", code], env={**env, "OMP_WAIT_POLICY": "ACTIVE"}, capture_output=True,
+                          text=True, check=True)
+    assert mine.stdout.strip() == "ACTIVE"
