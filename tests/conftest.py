@@ -9,7 +9,9 @@ import warnings
 from pathlib import Path
 
 import pytest
-import torch
+
+import roll_agent  # noqa: F401  before torch, as in a user's run: it sets OpenMP's wait policy
+import torch  # noqa: E402
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # the one real ALFWorld game shipped beside the repository (../shared/data/alfworld)
