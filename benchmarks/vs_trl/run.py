@@ -36,6 +36,10 @@ roll_agent is compared (speed ratio, reward pairs) with the fastest TRL thread s
 `--async-ratios 2 0` adds synchronous roll_agent runs on the same seeds (the reward that async
 training costs, if any), compared with both the headline runs and TRL; `--roll-threads 0 1`
 adds runs with one torch thread per process (speed against the default's: `st_speed_th1`).
+`--roll-repeats K` runs each of roll_agent's seeds K times: TRL is synchronous and seeded and
+repeats exactly, ours does not (the async interleaving decides which samples a step trains on),
+so one run's final reward per seed is one draw; the pairs then compare, seed by seed, the mean
+of our K runs with TRL's one (the standard error still between the seed pairs).
 """
 
 from __future__ import annotations
@@ -227,6 +231,13 @@ def reward_difference(ours: list[dict], theirs: list[dict]) -> tuple[float, floa
     return mean(diffs), stdev(diffs) / math.sqrt(len(diffs))
 
 
+def seed_means(runs: list[dict], repeats: int) -> list[dict]:
+    """Each RL seed's `repeats` consecutive runs as one: their final rewards averaged per eval seed."""
+    chunks = [runs[i:i + repeats] for i in range(0, len(runs), repeats)]
+    return [{"eval_rewards": {s: mean(r["eval_rewards"][s] for r in chunk) for s in chunk[0]["eval_rewards"]}}
+            for chunk in chunks]
+
+
 def combine(runs: list[dict]) -> dict:
     """One framework's runs of a task as one row: samples and seconds summed, the rest averaged."""
     out = {key: mean(r[key] for r in runs) for key in
@@ -305,6 +316,8 @@ def main() -> None:
                     help="training runs per framework (RL seeds 0..N-1); default "
                          f"{SETTINGS[tasks.SINGLE_TURN]['runs']} {SETTINGS[tasks.MULTI_TURN]['runs']}")
     ap.add_argument("--lr", type=float, default=HP["lr"], help="RL learning rate, both sides")
+    ap.add_argument("--roll-repeats", type=int, default=1,
+                    help="roll_agent runs per RL seed (the reward pairs use their mean; TRL repeats exactly)")
     args = ap.parse_args()
     HP["lr"] = args.lr
     if args.tool_latency == "off":
@@ -333,9 +346,10 @@ def main() -> None:
             rollout_cfg = roll_agent_config(task, model, root / "eval", SETTINGS[task], len(probe_ids), 0).rollout
             start_reward = mean(evaluate_model(task, model, eval_seeds, rollout_cfg).values())  # the warm-start
             for seed in range(SETTINGS[task]["runs"]):
-                done = {name: run_roll_agent(roll_agent_config(
-                            task, model, root / f"roll_agent-{task}-{seed}-{ratio}-{threads}t", SETTINGS[task],
-                            len(probe_ids), seed, threads, ratio)) for name, (ratio, threads, _) in arms.items()}
+                done = {f"{name}#{rep}": run_roll_agent(roll_agent_config(
+                            task, model, root / f"roll_agent-{task}-{seed}-{ratio}-{threads}t-{rep}", SETTINGS[task],
+                            len(probe_ids), seed, threads, ratio))
+                        for name, (ratio, threads, _) in arms.items() for rep in range(args.roll_repeats)}
                 for n in args.trl_threads:
                     done[trl_name(n)] = run_trl(task, model, root, args.trl_python, probe_seed, n, seed)
                     if done[trl_name(n)]["prompt_ids"] != probe_ids:
@@ -345,14 +359,15 @@ def main() -> None:
                     res["eval_rewards"] = evaluate_model(task, res["model"], eval_seeds, rollout_cfg)
                     res["eval_reward"] = mean(res["eval_rewards"].values())
                     res["train_reward"] = train_reward(res["curve"])
-                    runs[name].append(res)
+                    runs[name.partition("#")[0]].append(res)
             results[task] = {name: combine(rs) for name, rs in runs.items()}
+            pairs = {name: seed_means(rs, args.roll_repeats if name in arms else 1) for name, rs in runs.items()}
             # the peer at its best: the TRL thread setting with the most samples/s on this task
             best = max((trl_name(n) for n in args.trl_threads), key=lambda k: results[task][k]["samples_per_s"])
             results[task].update(TRL=results[task][best], trl_best=best, start_reward=start_reward,
-                                 difference=reward_difference(runs["roll_agent"], runs[best]),
-                                 arms={name: {"vs_trl": reward_difference(runs[name], runs[best]),
-                                              "vs_headline": reward_difference(runs[name], runs["roll_agent"])}
+                                 difference=reward_difference(pairs["roll_agent"], pairs[best]),
+                                 arms={name: {"vs_trl": reward_difference(pairs[name], pairs[best]),
+                                              "vs_headline": reward_difference(pairs[name], pairs["roll_agent"])}
                                        for name in list(arms)[1:]})
     report(results, args, time.perf_counter() - start, load0)
 
@@ -380,8 +395,10 @@ def report(results: dict, args, elapsed: float, load0: float) -> None:
                    for name in ("roll_agent", "TRL")}
         n = len(results[task]["TRL"]["runs"])
         over = f"{n} seed pairs" if n > 1 else f"{args.eval_episodes} eval seeds"
+        if args.roll_repeats > 1:
+            over += f", ours the mean of {args.roll_repeats} runs a seed"
         verdict = "equal or better" if diff >= -2 * se else "worse"
-        print(f"{task}: final reward per RL seed: roll_agent {per_run['roll_agent']}, TRL {per_run['TRL']}; "
+        print(f"{task}: final reward per run (RL seed by seed): roll_agent {per_run['roll_agent']}, TRL {per_run['TRL']}; "
               f"roll_agent - TRL = {diff:+.3f} (standard error {se:.3f}, over {over}): {verdict} at 2 standard errors")
         for name, arm in results[task]["arms"].items():
             runs = " ".join(f"{r['eval_reward']:.3f}" for r in results[task][name]["runs"])
@@ -412,7 +429,7 @@ def report(results: dict, args, elapsed: float, load0: float) -> None:
         st_cpu_ms_per_sample_trl=st["TRL"]["cpu_s_per_sample"] * 1000,
         mt_cores_roll=mt["roll_agent"]["cores"], mt_cores_trl=mt["TRL"]["cores"],
         st_trl_threads=st["TRL"]["runs"][0]["torch_threads"], mt_trl_threads=mt["TRL"]["runs"][0]["torch_threads"],
-        **arms, tool_latency=args.tool_latency, total_s=round(elapsed)))
+        **arms, roll_repeats=args.roll_repeats, tool_latency=args.tool_latency, total_s=round(elapsed)))
 
 
 if __name__ == "__main__":

@@ -87,6 +87,18 @@ def test_reward_difference_averages_seed_pairs_with_the_spread_between_pairs():
         reward_difference(ours, theirs[:2])  # every run needs its partner
 
 
+def test_seed_means_averages_each_seeds_repeated_runs_per_eval_seed():
+    from benchmarks.vs_trl.run import reward_difference, seed_means
+
+    runs = [{"eval_rewards": {1: 1.0, 2: 0.0}}, {"eval_rewards": {1: 0.5, 2: 1.0}},  # seed 0, two runs
+            {"eval_rewards": {1: 0.0, 2: 0.0}}, {"eval_rewards": {1: 1.0, 2: 0.5}}]  # seed 1
+    merged = seed_means(runs, 2)
+    assert merged == [{"eval_rewards": {1: 0.75, 2: 0.5}}, {"eval_rewards": {1: 0.5, 2: 0.25}}]
+    assert seed_means(runs, 1) == runs
+    theirs = [{"eval_rewards": {1: 0.75, 2: 0.5}}, {"eval_rewards": {1: 0.25, 2: 0.5}}]
+    assert reward_difference(merged, theirs) == pytest.approx((0.0, 0.0))  # pairs 0 and 0
+
+
 def test_combine_sums_samples_and_seconds_and_averages_rewards():
     from benchmarks.vs_trl.run import combine
 
