@@ -6,8 +6,8 @@
    the endpoint adds per call: chat-template rendering, the session's token bookkeeping, JSON and
    HTTP. Two clients, both kept alive: a minimal HTTP/1.1 client (JSON-encodes the body, writes
    the request, reads the status line, headers and body: the headline, what the endpoint itself
-   adds) and httpx (the openai SDK's transport: its own per-request work, ~2 ms here, counts
-   against the endpoint too, as an SDK agent would see it, less the SDK's own work).
+   adds) and httpx (the openai SDK's transport, whose own per-request work, ~2 ms here, an SDK
+   agent pays against any server; the SDK's own request building comes on top of both).
 2. Throughput: `--sessions` (default 256) concurrent agent episodes through the endpoint (a
    three-call agent written with the openai SDK: each call sends its history plus one new user
    turn) against the same three-turn task played as a native env (roll_agent/Simulated-v0: three
@@ -83,7 +83,8 @@ class MinimalClient:
 async def latency(formatter, calls: int) -> dict:
     import httpx
 
-    rollout = RolloutConfig(max_new_tokens=4, max_context_tokens=4096, max_turns=2 * (calls + 20) + 10)  # two endpoint calls an iteration
+    # two endpoint calls an iteration, all in one session
+    rollout = RolloutConfig(max_new_tokens=4, max_context_tokens=4096, max_turns=2 * (calls + 20) + 10)
     stack = build_stack(formatter, rollout, [sim_spec()], ScriptedEngineConfig(response_tokens=4), num_engines=1)
     try:
         await stack.endpoint.start()
