@@ -30,6 +30,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from urllib.parse import urlsplit
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -83,8 +84,9 @@ class MinimalClient:
 async def latency(formatter, calls: int) -> dict:
     import httpx
 
+    warmup = 20  # iterations left out of the figures
     # two endpoint calls an iteration, all in one session
-    rollout = RolloutConfig(max_new_tokens=4, max_context_tokens=4096, max_turns=2 * (calls + 20) + 10)
+    rollout = RolloutConfig(max_new_tokens=4, max_context_tokens=4096, max_turns=2 * (calls + warmup) + 10)
     stack = build_stack(formatter, rollout, [sim_spec()], ScriptedEngineConfig(response_tokens=4), num_engines=1)
     try:
         await stack.endpoint.start()
@@ -97,9 +99,9 @@ async def latency(formatter, calls: int) -> dict:
         sampling = SamplingParams(max_new_tokens=4, stop_token_ids=formatter.stop_token_ids)
         direct, minimal, through_httpx = [], [], []
         raw = await MinimalClient.connect(stack.endpoint.cfg.host, stack.endpoint.port)
-        path = url.split(f":{stack.endpoint.port}", 1)[1]
+        path = urlsplit(url).path
         async with httpx.AsyncClient() as client:
-            for i in range(calls + 20):  # alternate the three, the first 20 of each as warm-up
+            for i in range(calls + warmup):  # the three alternate
                 t0 = time.perf_counter()
                 await stack.proxy.generate(GenerateRequest(list(ids), sampling, "bench-direct"))
                 t1 = time.perf_counter()
@@ -109,7 +111,7 @@ async def latency(formatter, calls: int) -> dict:
                 t3 = time.perf_counter()
                 assert status == 200, text
                 assert answer.status_code == 200, answer.text
-                if i >= 20:
+                if i >= warmup:
                     direct.append(t1 - t0)
                     minimal.append(t2 - t1)
                     through_httpx.append(t3 - t2)
@@ -117,7 +119,7 @@ async def latency(formatter, calls: int) -> dict:
         ms = {name: (1e3 * statistics.median(values), 1e3 * percentile(values, 0.99))
               for name, values in (("direct", direct), ("endpoint", minimal), ("endpoint_httpx", through_httpx))}
         return {**{f"{name}_p{q}_ms": v for name, pair in ms.items() for q, v in zip((50, 99), pair)},
-                "server_p50_ms": 1e3 * statistics.median(stack.endpoint.latency_s[40:])}
+                "server_p50_ms": 1e3 * statistics.median(stack.endpoint.latency_s[2 * warmup:])}
     finally:
         await stack.close()
 
