@@ -13,9 +13,12 @@ phase (all envs at once), steps as another, so resets/s and steps/s are separate
 
 Games: ALFWorld's shipped game plus the tasks `python -m envs.alfworld_env generate` makes
 from its scene (generated once into the cache); TextWorld cooking games of seeds 0..rounds*N-1
-(generated once into the TextWorld cache). Generation is not timed. The first round's
-resets make each env, start its engine and load its game ("first resets": for the workers
-arm this includes starting the worker processes); later rounds load the next game.
+(generated once into the TextWorld cache). Generation is not timed. Each arm first gets
+ready, timed apart as "start-up": the threads arm warms its engine up in this process (the env's
+`warm_up()`: imports, TextWorld's logic parse), the workers arm starts its worker processes,
+which warm up as they start (`EnvWorkers.start`, what a run does while its model loads:
+roll_agent/runtime/local.py). Then the first round's resets make each env and load its first
+game ("first resets"); later rounds load the next game.
 Each arm runs in a fresh process, so a crash (the segfault TextWorld's engines can give
 under threads) ends only that arm, and is reported.
 
@@ -41,7 +44,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.common import result_line  # noqa: E402
 from roll_agent.config import EnvSpec, RolloutConfig  # noqa: E402
-from roll_agent.rollout.env_workers import EnvWorkers, num_workers  # noqa: E402
+from roll_agent.rollout.env_workers import EnvWorkers, num_workers, warm_up  # noqa: E402
 from roll_agent.rollout.envs import make_env  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
@@ -75,7 +78,9 @@ def cooking_games(n: int) -> None:
 
 
 def action(info: dict, env: int, step: int) -> str:
-    admissible = sorted(info.get("admissible_actions") or ["look"])
+    admissible = sorted(info.get("admissible_actions") or [])
+    if not admissible:  # every state of these games lists some: the engine is broken
+        raise RuntimeError(f"env {env} step {step}: the game lists no admissible action")
     return admissible[(step * 7 + env) % len(admissible)]
 
 
@@ -84,6 +89,9 @@ class ThreadArm:
 
     def __init__(self, spec: EnvSpec, threads: int):
         self.spec, self.pool = spec, ThreadPoolExecutor(threads, thread_name_prefix="env")
+
+    async def start(self):
+        warm_up(self.spec)
 
     async def make(self):
         return await asyncio.get_running_loop().run_in_executor(self.pool, make_env, self.spec)
@@ -106,6 +114,11 @@ class WorkerArm:
     def __init__(self, spec: EnvSpec):
         self.spec, self.workers = spec, EnvWorkers()
 
+    async def start(self):
+        self.workers.start([self.spec])
+        # a worker serves calls in order: a second warm-up answers once the first is done
+        await asyncio.gather(*(w.call("warm", -1, self.spec) for w in self.workers.pool(self.spec).workers))
+
     async def make(self):
         return await self.workers.pool(self.spec).make(self.spec)
 
@@ -125,6 +138,9 @@ async def play(arm, n: int, steps: int, rounds: int) -> dict:
     envs = [None] * n
     reset_s, step_s = [], 0.0
     transcript = []
+    t0 = time.perf_counter()
+    await arm.start()
+    start_s = time.perf_counter() - t0
     try:
         for r in range(rounds):
             async def reset_one(i):
@@ -154,7 +170,7 @@ async def play(arm, n: int, steps: int, rounds: int) -> dict:
     warm = sum(reset_s[1:])
     return {"cold_resets_per_s": n / reset_s[0], "warm_resets_per_s": n * (rounds - 1) / warm if warm else 0.0,
             "steps_per_s": n_steps / step_s, "cold_reset_s": reset_s[0], "warm_reset_s": warm,
-            "step_s": step_s, "steps": n_steps, "transcript": transcript}
+            "step_s": step_s, "steps": n_steps, "start_s": start_s, "transcript": transcript}
 
 
 def run_arm(args) -> int:
@@ -208,7 +224,8 @@ def main() -> int:
                 results[name] = None
                 continue
             results[name] = res = json.loads(line[0][4:])
-            print(f"  {name:8s} first resets/s {res['cold_resets_per_s']:6.2f} ({res['cold_reset_s']:5.1f}s)   "
+            print(f"  {name:8s} start-up {res['start_s']:4.1f}s   "
+                  f"first resets/s {res['cold_resets_per_s']:6.2f} ({res['cold_reset_s']:5.1f}s)   "
                   f"later resets/s {res['warm_resets_per_s']:6.2f} ({res['warm_reset_s']:5.1f}s)   "
                   f"steps/s {res['steps_per_s']:6.1f} ({res['step_s']:5.1f}s, {res['steps']} steps)", flush=True)
         figures[f"{family}_threads_crashed"] = int(results["threads"] is None)

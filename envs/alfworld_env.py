@@ -167,6 +167,12 @@ class ALFWorldEnv(CommandGameEnv):
         self._handcoded: Any = None
         self._next_expert: str | None = None
 
+    def warm_up(self) -> None:
+        """Import alfworld and textworld's PDDL engine (~1.4 s), as the first game load would."""
+        _import_alfworld()
+        import alfworld.agents.environment.alfred_tw_env  # noqa: F401
+        import textworld.envs  # noqa: F401
+
     def _make_engine(self) -> None:
         _import_alfworld()
         import textworld

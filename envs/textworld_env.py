@@ -66,12 +66,11 @@ COMMAND_FORMAT = (
 # -- text helpers ---------------------------------------------------------------------------
 
 
-@functools.lru_cache(maxsize=256)
-def _command_pattern(commands: tuple[str, ...]) -> re.Pattern[str]:
-    # Longest first, so "go to cabinet 10" wins over "go to cabinet 1" at the same place;
-    # alphanumeric lookarounds, so "cabinet 1" is not read inside "cabinet 12".
-    words = [r"\s+".join(map(re.escape, c.split())) for c in sorted(commands, key=len, reverse=True)]
-    return re.compile(rf"(?<![A-Za-z0-9])(?:{'|'.join(words)})(?![A-Za-z0-9])", re.IGNORECASE | re.ASCII)
+@functools.lru_cache(maxsize=4096)
+def _command_pattern(command: str) -> re.Pattern[str]:
+    # Case and spacing free; alphanumeric lookarounds, so "cabinet 1" is not read inside "cabinet 12".
+    words = r"\s+".join(map(re.escape, command.split()))
+    return re.compile(rf"(?<![A-Za-z0-9]){words}(?![A-Za-z0-9])", re.IGNORECASE | re.ASCII)
 
 
 def _norm(text: str) -> str:
@@ -79,14 +78,29 @@ def _norm(text: str) -> str:
 
 
 def match_command(text: Any, commands: list[str]) -> str | None:
-    """The admissible command mentioned last in `text` (case and spacing free), or None."""
+    """The admissible command mentioned last in `text` (case and spacing free), or None.
+
+    The text is read left to right as one alternation of the commands would read it: at each
+    place the longest command that matches there wins ("go to cabinet 10" over "go to cabinet
+    1"), and reading goes on after it. Each command's pattern is compiled once per process (the
+    admissible set changes every turn; compiling the alternation each turn was ~1/4 of a step)."""
     commands = [c for c in commands if c.strip()]
     if not commands:
         return None
+    ranked = sorted(commands, key=len, reverse=True)
     text = text if isinstance(text, str) else str(text)
+    ahead = {}  # rank: the command's first match at or after the reading position
+    for rank, command in enumerate(ranked):
+        if (found := _command_pattern(command).search(text)) is not None:
+            ahead[rank] = found
     last = None
-    for last in _command_pattern(tuple(commands)).finditer(text):
-        pass
+    while ahead:
+        last = min(ahead.values(), key=lambda m: m.start())  # dicts keep rank order: the longest on a tie
+        for rank in [r for r, m in ahead.items() if m.start() < last.end()]:
+            if (found := _command_pattern(ranked[rank]).search(text, last.end())) is None:
+                del ahead[rank]
+            else:
+                ahead[rank] = found
     if last is None:
         return None
     return {_norm(c): c for c in commands}[_norm(last.group(0))]
@@ -126,6 +140,11 @@ class CommandGameEnv(gymnasium.Env):
     # The engines keep process-global state (see ENGINE_LOCK): roll_agent runs these envs in
     # worker processes (roll_agent/rollout/env_workers.py) unless a spec sets workers: 0.
     metadata = {"render_modes": ["ansi"], "thread_safe": False}
+
+    def warm_up(self) -> None:
+        """What a process's first game load does once (import the engine, ...), done ahead: env
+        workers call it as they start, while the run loads its model (roll_agent/rollout/env_workers.py)."""
+        raise NotImplementedError
 
     def __init__(self, max_steps: int | None, invalid_action_penalty: float, show_admissible: bool,
                  render_mode: str | None):
@@ -346,6 +365,19 @@ class TextWorldEnv(CommandGameEnv):
         self._game = None  # the running textworld env
         self._state: Any = None
         self._max_score = 1.0
+
+    def warm_up(self) -> None:
+        """Import textworld (~1.2 s: it parses its built-in logic) and parse the logic document
+        that the cached games of this challenge and these settings embed (~0.8 s; textworld keeps
+        it for the process, an lru_cache on `GameLogic.parse`, so loading those games skips it)."""
+        import textworld  # noqa: F401
+        from textworld.logic import GameLogic
+
+        cached = next(game_path(self.cache_dir, self.challenge, self.settings, 0).parents[1].glob("seed-*/game.json"),
+                      None)
+        if cached is not None:
+            with ENGINE_LOCK:
+                GameLogic.deserialize(json.loads(cached.read_text())["KB"]["logic"])
 
     def _load(self, seed: int | None) -> tuple[str, list[str], str]:
         game_seed = seed if seed is not None else int(self.np_random.integers(2**31))

@@ -192,8 +192,8 @@ def check_determinism(env: gymnasium.Env) -> None:
 
 def check_worker_process(env: gymnasium.Env, env_id: str, kwargs: dict[str, Any]) -> None:
     """The seeded episode played in an env worker process (where roll_agent runs an env that
-    declares metadata["thread_safe"] = False, or any env whose spec sets `workers`) equals the
-    same episode here."""
+    declares metadata["thread_safe"] = False, or any env whose spec sets `workers`), after the
+    worker's warm-up (the env's `warm_up()`, where it has one), equals the same episode here."""
     actions: list[str] = []
     here = [env.reset(seed=SEED), *_episode(env, actions)]
     spec = EnvSpec(id=env_id, kwargs=dict(kwargs), workers=1)
@@ -202,6 +202,8 @@ def check_worker_process(env: gymnasium.Env, env_id: str, kwargs: dict[str, Any]
         workers = EnvWorkers()
         try:
             try:
+                workers.start([spec])
+                await workers.pool(spec).workers[0].call("warm", -1, spec)  # its warm_up(), as a run's workers do
                 remote = await workers.pool(spec).make(spec)
             except WorkerError as exc:
                 if declares_thread_safe(env_id):  # it never needs a worker unless a config asks

@@ -68,9 +68,9 @@ class WorkerProcess:
             future.set_exception(WorkerDied(self.died or f"{self.name} worker {self.index} is gone"))
         return future
 
-    def notify(self, op: str, key: int) -> None:
-        """A call whose answer nobody waits for (close, cancel); safe from any thread."""
-        self._send((-1, op, key, ()))
+    def notify(self, op: str, key: int, *args) -> None:
+        """A call whose answer nobody waits for (close, cancel, warm); safe from any thread."""
+        self._send((-1, op, key, args))
 
     def _send(self, message: tuple) -> bool:
         with self._send_lock:
@@ -153,19 +153,29 @@ class WorkerPool:
         self.keys = itertools.count()
         self._closed = False
 
-    def place(self) -> WorkerProcess:
-        """The least loaded worker, after starting any that is missing or dead."""
+    def start(self) -> list[WorkerProcess]:
+        """Start every worker that is missing or dead; returns the ones started."""
         if self._closed:
             raise WorkerError(f"the {self.name} workers are closed")
+        started = []
         for i, worker in enumerate(self.workers):
             if worker is None or worker.died is not None:
                 if worker is not None:
                     self.restarts += 1
                     log.warning("restarting %s worker %d (%s)", self.name, i, worker.died)
                 self.workers[i] = WorkerProcess(i, self.module, self.name)
+                started.append(self.workers[i])
+        return started
+
+    def place(self) -> WorkerProcess:
+        """The least loaded worker, after starting any that is missing or dead."""
+        self.start()
         return min(self.workers, key=lambda w: w.hosted)
 
     def close(self) -> None:
+        """Idempotent: a second call finds them closed."""
+        if self._closed:
+            return
         self._closed = True
         for worker in self.workers:
             if worker is not None:

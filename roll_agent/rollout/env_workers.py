@@ -11,6 +11,12 @@ episodes end as `env_error`), and the next env made or reset there starts a fres
 an env whose call is still pending when its episode gives up on it (past the step timeout)
 takes its worker down with it, since a call stuck in C cannot be interrupted.
 
+The workers of the run's env specs start with the runtime (`EnvWorkers.start`) and warm up at
+once, while the run loads its model: where the env class has a `warm_up()` method, each worker
+makes one env and calls it (what a process's first game load does once: TextWorld's imports its
+engine and parses the logic its games share, ~2 s; ALFWorld's imports its engine, ~1.4 s). A
+worker started later (a restart) pays that on its first `make`.
+
 How many workers an env gets: `envs[].workers` (0: the thread pool), or by default the CPU
 count (at most `MAX_DEFAULT_WORKERS`: each worker holds its own engine and games in memory) for
 an env class that declares `metadata["thread_safe"] = False`, else 0.
@@ -33,16 +39,21 @@ log = logging.getLogger(__name__)
 MAX_DEFAULT_WORKERS = 16  # more: `envs[].workers: N`
 
 
-def declares_thread_safe(env_id: str) -> bool:
-    """The env class's `metadata["thread_safe"]` (true when it does not say, or cannot be read)."""
+def env_creator(env_id: str):
+    """The class (or function) that makes `env_id`, its module imported."""
     import envs  # noqa: F401  registers the built-in envs
 
     module, _, name = env_id.rpartition(":")
+    if module:
+        importlib.import_module(module)
+    entry = gymnasium.spec(name).entry_point
+    return gymnasium.envs.registration.load_env_creator(entry) if isinstance(entry, str) else entry
+
+
+def declares_thread_safe(env_id: str) -> bool:
+    """The env class's `metadata["thread_safe"]` (true when it does not say, or cannot be read)."""
     try:
-        if module:
-            importlib.import_module(module)
-        entry = gymnasium.spec(name).entry_point
-        creator = gymnasium.envs.registration.load_env_creator(entry) if isinstance(entry, str) else entry
+        creator = env_creator(env_id)
     except Exception:  # an id that cannot be resolved fails where the env is made, with its own error
         return True
     return bool(getattr(creator, "metadata", {}).get("thread_safe", True))
@@ -52,6 +63,18 @@ def num_workers(spec: EnvSpec) -> int:
     if spec.workers is not None:
         return spec.workers
     return 0 if declares_thread_safe(spec.id) else min(os.cpu_count() or 1, MAX_DEFAULT_WORKERS)
+
+
+def warm_up(spec: EnvSpec) -> None:
+    """One env of `spec` made and its `warm_up()` called, if its class has one; then closed."""
+    from roll_agent.rollout.envs import make_env
+
+    if callable(getattr(env_creator(spec.id), "warm_up", None)):
+        env = make_env(spec)
+        try:
+            env.unwrapped.warm_up()
+        finally:
+            env.close()
 
 
 # ---- the worker process ----------------------------------------------------------------
@@ -69,7 +92,9 @@ def serve(fd: int) -> None:
         except (EOFError, OSError):  # the parent is gone
             break
         try:
-            if op == "make":
+            if op == "warm":
+                result = warm_up(args[0])
+            elif op == "make":
                 hosted[key] = make_env(args[0])
                 result = None
             elif op == "reset":
@@ -112,6 +137,14 @@ class EnvWorkerPool(WorkerPool):
 
     def __init__(self, size: int, name: str = "env"):
         super().__init__(size, __name__, f"{name} env")
+
+    def start_warm(self, spec: EnvSpec) -> list[WorkerProcess]:
+        """Start the workers now; each imports the env's module while this process goes on
+        (a run loads its model meanwhile). Returns the workers started."""
+        started = self.start()
+        for worker in started:
+            worker.notify("warm", -1, spec)
+        return started
 
     async def make(self, spec: EnvSpec) -> WorkerEnv:
         env = WorkerEnv(self, spec)
@@ -189,6 +222,13 @@ class EnvWorkers:
             n = num_workers(spec)
             self.pools[key] = EnvWorkerPool(n, spec.name) if n else None
         return self.pools[key]
+
+    def start(self, specs: list[EnvSpec]) -> None:
+        """Start the workers of every spec that asks for them (see `EnvWorkerPool.start_warm`)."""
+        for spec in specs:
+            pool = self.pool(spec)
+            if pool is not None:
+                pool.start_warm(spec)
 
     def restarts(self) -> int:
         return sum(p.restarts for p in self.pools.values() if p is not None)

@@ -83,13 +83,16 @@ class RolloutStack:
 def build_rollout(formatter: ChatFormatter, cfg: RolloutConfig, specs: list[EnvSpec], engines: list,
                   proxy_cfg: ProxyConfig | None = None, seed: int = 0, version: int = 0,
                   watchdog_cfg: WatchdogConfig | None = None, weight_sync: WeightSync | None = None,
-                  endpoint_cfg: EndpointConfig | None = None) -> RolloutStack:
-    """`weight_sync`: how the trainer's weights reach `engines` (None: only the version, for scripted engines)."""
+                  endpoint_cfg: EndpointConfig | None = None, workers: EnvWorkers | None = None) -> RolloutStack:
+    """`weight_sync`: how the trainer's weights reach `engines` (None: only the version, for scripted engines).
+    `workers`: env worker processes already started (`EnvWorkers.start`); the stack closes them."""
     watchdog = Watchdog(watchdog_cfg)
     proxy = LLMProxy(engines, proxy_cfg, version=version, watchdog=watchdog, weight_sync=weight_sync)
     buffer = SampleBuffer(cfg, version=version)
     executor = ThreadPoolExecutor(cfg.env_threads, thread_name_prefix="env")
-    workers = EnvWorkers()
+    if workers is None:
+        workers = EnvWorkers()
+        workers.start(specs)
     endpoint = AgentEndpoint(proxy, formatter, cfg, endpoint_cfg)
 
     def manager(env_id: str, spec: EnvSpec) -> EnvManager:

@@ -320,6 +320,7 @@ class EnvWorker:
         self.proxy_handle, self.buffer_handle = proxy, buffer
         self.executor = ThreadPoolExecutor(cfg.rollout.env_threads, thread_name_prefix="env")
         self.env_workers = EnvWorkers()  # worker processes for envs that are not thread-safe, as locally
+        self.env_workers.start(cfg.envs)
         self.scheduler: GroupScheduler | None = None
         self.incarnation = -1
         self._stop = asyncio.Event()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -78,6 +79,30 @@ def play_walkthrough(env: TextWorldEnv, seed: int, max_steps: int = 100) -> tupl
 def test_match_command(text, expected):
     commands = ["go north", "take coin", "go to cabinet 1", "go to cabinet 10", "look"]
     assert match_command(text, commands) == expected
+
+
+def alternation_match(text: str, commands: list[str]) -> str | None:
+    """The reading match_command promises, as one regex alternation (longest first) of the commands."""
+    commands = [c for c in commands if c.strip()]
+    if not commands:
+        return None
+    words = [r"\s+".join(map(re.escape, c.split())) for c in sorted(commands, key=len, reverse=True)]
+    pattern = re.compile(rf"(?<![A-Za-z0-9])(?:{'|'.join(words)})(?![A-Za-z0-9])", re.IGNORECASE | re.ASCII)
+    last = None
+    for last in pattern.finditer(text):
+        pass
+    return None if last is None else {" ".join(c.lower().split()): c for c in commands}[" ".join(last[0].lower().split())]
+
+
+WORDS = st.sampled_from(["go", "to", "cabinet", "1", "10", "take", "coin", "Go", "TO", "look", "a.b", "(x)", "go1"])
+COMMANDS = st.lists(st.lists(WORDS, min_size=1, max_size=4).map(" ".join), max_size=8)
+TEXTS = st.lists(st.one_of(WORDS, st.sampled_from([" ", "  ", "\n", ",", ".", "x", "1"])), max_size=30).map("".join)
+
+
+@given(text=TEXTS, commands=COMMANDS)
+@settings(max_examples=400, deadline=None)
+def test_match_command_reads_as_one_alternation_would(text, commands):
+    assert match_command(text, commands) == alternation_match(text, commands)
 
 
 def test_match_command_odd_inputs():

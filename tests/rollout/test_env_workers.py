@@ -4,7 +4,10 @@ this process, a worker's death ends only the episodes in flight on it."""
 import asyncio
 import os
 import signal
+import time
+from pathlib import Path
 
+import gymnasium
 import pytest
 
 from roll_agent.config import ConfigError, EnvSpec, RolloutConfig
@@ -174,3 +177,51 @@ def test_the_envs_episode_report_reaches_the_trajectory_wherever_the_env_runs(fo
         # two steps of 10 ms each: the report, beside the last step's info
         assert traj.info["latency_s"] == pytest.approx(0.01 * traj.num_turns), traj.info
         assert traj.info["invalid_action"] is False
+
+
+class WarmMarkerEnv(gymnasium.Env):
+    """An env whose class leaves a file named by its process's pid when warmed up."""
+
+    metadata = {"thread_safe": False}
+    observation_space = action_space = gymnasium.spaces.Text(8)
+
+    def warm_up(self) -> None:
+        (Path(os.environ["ROLL_AGENT_TEST_WARM_DIR"]) / str(os.getpid())).touch()
+
+    def reset(self, *, seed=None, options=None):
+        return "ready", {}
+
+    def step(self, action):
+        return "done", 1.0, True, False, {}
+
+
+gymnasium.register("tests/WarmMarker-v0", entry_point=WarmMarkerEnv)
+
+
+def test_started_workers_warm_up_before_any_env_is_made(tmp_path, monkeypatch):
+    monkeypatch.setenv("ROLL_AGENT_TEST_WARM_DIR", str(tmp_path))  # the workers inherit it
+    spec = EnvSpec(id=f"{__name__}:tests/WarmMarker-v0")  # not thread-safe: workers by default
+    workers = EnvWorkers()
+    try:
+        workers.start([spec])
+        pool = workers.pool(spec)
+        pids = {str(w.process.pid) for w in pool.workers}
+        assert len(pids) == num_workers(spec)
+        deadline = time.monotonic() + 120
+        while {p.name for p in tmp_path.iterdir()} != pids and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert {p.name for p in tmp_path.iterdir()} == pids  # each worker warmed itself up, unasked
+        assert all(w.hosted == 0 for w in pool.workers)
+        workers.start([spec])  # started already: no new worker
+        assert {str(w.process.pid) for w in pool.workers} == pids
+
+        async def play():
+            env = await pool.make(spec)
+            try:
+                return await env.areset(seed=0), await env.astep("go")
+            finally:
+                env.close()
+
+        assert run(play()) == (("ready", {}), ("done", 1.0, True, False, {}))
+    finally:
+        workers.close()
