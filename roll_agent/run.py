@@ -76,7 +76,7 @@ async def run_components(cfg: Config, runtime, model_path: str, out: Path) -> in
         logger.log({"step": first_step, "resumed_from_step": first_step})
     if rollout_state is None and cfg.warmup.sft_steps:
         await run_warmup(trainer, cfg.envs, formatter, cfg.warmup, cfg.rollout, cfg.seed, log_row=logger.log,
-                         progress=cfg.logging.progress)
+                         progress=cfg.logging.progress, workers=runtime.env_workers)
 
     rollout = runtime.make_rollout(formatter, trainer)  # its proxy pushes the trainer's weights into the engines
     if rollout_state is not None:

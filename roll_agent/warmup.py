@@ -73,13 +73,17 @@ def expert_manager(spec: EnvSpec, formatter: ChatFormatter, rollout: RolloutConf
 
 
 async def run_warmup(trainer, specs: list[EnvSpec], formatter: ChatFormatter, cfg: WarmupConfig,
-                     rollout: RolloutConfig, seed: int, log_row=None, progress: bool = False) -> None:
+                     rollout: RolloutConfig, seed: int, log_row=None, progress: bool = False,
+                     workers: EnvWorkers | None = None) -> None:
     """`cfg.sft_steps` SFT steps, each on `cfg.episodes_per_step` demonstrations played one after
     another (demonstration i on env spec i mod len(specs)), all draws from one seeded RNG: the
     same demonstrations for a seed, release after release (the default run's learning curve
-    in the README starts from them)."""
+    in the README starts from them). `workers`: the run's env workers (started and warm), else
+    the warm-start's own, closed at its end."""
     rng = random.Random(seed)
-    workers = EnvWorkers()
+    own_workers = workers is None
+    if own_workers:
+        workers = EnvWorkers()
     managers = [expert_manager(spec, formatter, rollout, cfg.expert_epsilon, rng, workers) for spec in specs]
     bar = tqdm(total=cfg.sft_steps, desc="warm-start", unit="step", disable=not progress, dynamic_ncols=True)
     warned_truncation = False
@@ -116,4 +120,5 @@ async def run_warmup(trainer, specs: list[EnvSpec], formatter: ChatFormatter, cf
         bar.close()
         for manager in managers:
             await manager.close()
-        workers.close()
+        if own_workers:
+            workers.close()

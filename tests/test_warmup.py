@@ -118,3 +118,27 @@ def test_expert_actions_cut_at_the_token_budget_are_counted_and_named(tiny_model
     assert all(r["demo_actions_truncated"] >= 2 for r in rows[8])  # every demo's tool call
     assert warned[512] == [] and [r["demo_actions_truncated"] for r in rows[512]] == [0, 0]
     assert all(r["demo_success_rate"] == 1.0 for r in rows[512])
+
+
+def test_the_warm_start_plays_in_the_runs_env_workers_and_leaves_them_running(tiny_model_dir):
+    from transformers import AutoTokenizer
+
+    from roll_agent.rollout.env_workers import EnvWorkers
+
+    trainer = TorchTrainer(tiny_model_dir, TrainerConfig(micro_batch_size=4), AlgorithmConfig(), ModelConfig(), seed=0)
+    formatter = ChatFormatter(AutoTokenizer.from_pretrained(tiny_model_dir))
+    spec = EnvSpec(workers=1)
+    workers = EnvWorkers()
+    try:
+        workers.start([spec])  # as the local runtime does
+        (worker,) = workers.pool(spec).workers
+        calls, call = [], worker.call
+        worker.call = lambda op, key, *args: calls.append(op) or call(op, key, *args)
+        run(run_warmup(trainer, [spec], formatter, WarmupConfig(sft_steps=1, episodes_per_step=2, lr=1e-3),
+                       RolloutConfig(max_turns=3), seed=0, workers=workers))
+        # its demonstrations ran there, and the rollout gets the worker as it was
+        assert {"make", "reset", "step"} <= set(calls)
+        assert worker.process.poll() is None and worker.hosted == 0
+        assert workers.pool(spec).workers == [worker] and workers.restarts() == 0
+    finally:
+        workers.close()

@@ -31,16 +31,16 @@ class LocalRuntime:
         if self.threads:
             torch.set_num_threads(self.threads)
         self._process_trainer = None
-        self._env_workers = EnvWorkers()
+        self.env_workers = EnvWorkers()  # the warm-start's and the rollout's
 
     async def __aenter__(self) -> "LocalRuntime":
-        self._env_workers.start(self.cfg.envs)  # they warm up (env_workers.py) while the model loads
+        self.env_workers.start(self.cfg.envs)  # they warm up (env_workers.py) while the model loads
         return self
 
     async def __aexit__(self, *exc) -> None:
         if self._process_trainer is not None:
             self._process_trainer.close()
-        self._env_workers.close()  # the rollout stack has closed them unless it was never made
+        self.env_workers.close()  # the rollout stack has closed them unless it was never made
 
     def make_trainer(self):
         if self.trainer_process:
@@ -55,7 +55,7 @@ class LocalRuntime:
         cfg = self.cfg
         engines = make_engines(cfg.engine, cfg.model, self.model_path, seed=cfg.seed)
         return build_rollout(formatter, cfg.rollout, cfg.envs, engines, cfg.proxy, cfg.seed, trainer.version,
-                             cfg.watchdog, InProcessSync(trainer.named_weights), cfg.endpoint, self._env_workers)
+                             cfg.watchdog, InProcessSync(trainer.named_weights), cfg.endpoint, self.env_workers)
 
 
 def process_threads(torch_threads: int, trainer_process: bool) -> int:

@@ -104,6 +104,7 @@ class RayRuntime:
         self.actors: list = []
         self.pg = None
         self.started_cluster = False
+        self.env_workers = None  # the driver's warm-start makes its own (the rollout's live in the env-worker actors)
 
     # ---- cluster, placement ------------------------------------------------------
     async def __aenter__(self) -> "RayRuntime":
