@@ -139,8 +139,8 @@ class EnvWorkerPool(WorkerPool):
         super().__init__(size, __name__, f"{name} env")
 
     def start_warm(self, spec: EnvSpec) -> list[WorkerProcess]:
-        """Start the workers now; each imports the env's module while this process goes on
-        (a run loads its model meanwhile). Returns the workers started."""
+        """Start the workers now; each warms up (`warm_up`) while this process goes on (a run
+        loads its model meanwhile). Returns the workers started."""
         started = self.start()
         for worker in started:
             worker.notify("warm", -1, spec)
