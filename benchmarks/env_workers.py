@@ -115,9 +115,7 @@ class WorkerArm:
         self.spec, self.workers = spec, EnvWorkers()
 
     async def start(self):
-        self.workers.start([self.spec])
-        # a worker serves calls in order: a second warm-up answers once the first is done
-        await asyncio.gather(*(w.call("warm", -1, self.spec) for w in self.workers.pool(self.spec).workers))
+        await self.workers.pool(self.spec).warm(self.spec)
 
     async def make(self):
         return await self.workers.pool(self.spec).make(self.spec)

@@ -174,7 +174,7 @@ class ALFWorldEnv(CommandGameEnv):
         import textworld.envs  # noqa: F401
 
     def _make_engine(self) -> None:
-        _import_alfworld()
+        self.warm_up()
         import textworld
         from alfworld.agents.environment.alfred_tw_env import AlfredDemangler, AlfredInfos
         from textworld.envs import PddlEnv

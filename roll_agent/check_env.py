@@ -202,8 +202,7 @@ def check_worker_process(env: gymnasium.Env, env_id: str, kwargs: dict[str, Any]
         workers = EnvWorkers()
         try:
             try:
-                workers.start([spec])
-                await workers.pool(spec).workers[0].call("warm", -1, spec)  # its warm_up(), as a run's workers do
+                await workers.pool(spec).warm(spec)  # its warm_up(), as a run's workers do
                 remote = await workers.pool(spec).make(spec)
             except WorkerError as exc:
                 if declares_thread_safe(env_id):  # it never needs a worker unless a config asks

@@ -24,6 +24,7 @@ an env class that declares `metadata["thread_safe"] = False`, else 0.
 
 from __future__ import annotations
 
+import asyncio
 import importlib
 import logging
 import os
@@ -145,6 +146,11 @@ class EnvWorkerPool(WorkerPool):
         for worker in started:
             worker.notify("warm", -1, spec)
         return started
+
+    async def warm(self, spec: EnvSpec) -> None:
+        """Start the workers and wait until each has warmed up; a failing `warm_up()` raises."""
+        self.start()
+        await asyncio.gather(*(worker.call("warm", -1, spec) for worker in self.workers))
 
     async def make(self, spec: EnvSpec) -> WorkerEnv:
         env = WorkerEnv(self, spec)
