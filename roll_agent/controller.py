@@ -118,13 +118,16 @@ class AsyncController:
                 dumped = p.dumps.pick(p.trainer.version + 1, batch) if p.dumps else []
                 metrics = await asyncio.to_thread(p.trainer.step, batch, dumped)
                 trainer_logprobs = metrics.pop("trainer_logprobs", {})
+                refused = metrics.pop("refused_episodes", [])
+                for why in refused:
+                    log.warning("the trainer refused an episode: %s", why)
                 sync = await self.sync_weights(p.trainer.version)
                 step = p.trainer.version
                 if dumped:
                     self.logger.table("rollouts", p.dumps.train(step, batch, dumped, trainer_logprobs), step)
                 row = {"step": step, "version": step, **self._batch_metrics(batch, step - 1), **metrics,
                        "time_wait_data_s": t1 - t0, "time_sync_s": sync["seconds"], "sync_bytes": sync["bytes"],
-                       "time_step_s": time.perf_counter() - t0}
+                       "time_step_s": time.perf_counter() - t0, "episodes_refused": len(refused)}
                 if "verified_engines" in sync:
                     row["sync_verified_engines"] = sync["verified_engines"]
                 self.logger.log(row, advance=True)

@@ -19,7 +19,7 @@ import time
 import uuid
 from typing import Any, Callable, Literal, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError, field_validator
 
 
 class APIError(Exception):
@@ -102,7 +102,9 @@ class ChatRequest(_Sampling):
 
 
 class CompletionRequest(_Sampling):
-    prompt: Union[str, list[int]]
+    # token ids are integers, never floats or strings (a 400 naming the field); their range is
+    # the tokenizer's, checked by the endpoint that knows it
+    prompt: Union[str, list[StrictInt]]
     logprobs: Optional[int] = Field(None, ge=0, le=5)
     echo: bool = False
 
@@ -117,10 +119,14 @@ def parse(model: type[BaseModel], body: bytes) -> Any:
         data = json.loads(body)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise APIError(400, f"The request body is not valid JSON: {exc}") from exc
+    except RecursionError as exc:  # JSON nested thousands deep: the parser's stack runs out
+        raise APIError(400, "The request body is nested too deeply to parse.") from exc
     if not isinstance(data, dict):
         raise APIError(400, "The request body must be a JSON object.")
     try:
         return model.model_validate(data)
+    except RecursionError as exc:
+        raise APIError(400, "The request body is nested too deeply to validate.") from exc
     except ValidationError as exc:
         first = exc.errors()[0]
         where = ".".join(str(p) for p in first["loc"])

@@ -48,6 +48,7 @@ class AgentEndpoint:
         self.rollout = rollout
         self.cfg = cfg or EndpointConfig()
         self.parse_tools = api.tool_parser(self.cfg.tool_parser)
+        self.vocab_size = len(self.tokenizer)  # token ids an agent may send: [0, vocab_size)
         self.sessions: dict[str, Session] = {}
         self._ended: dict[str, None] = {}  # keys of sessions closed lately, oldest first
         self.port = 0
@@ -145,13 +146,21 @@ class AgentEndpoint:
         from starlette.responses import JSONResponse
 
         self.stats["requests"] += 1
+        session = None
         try:
-            if self._closing:
-                raise api.APIError(503, "The endpoint is shutting down.", "service_unavailable")
-            session = self._session(request)
-            body = await self._body(request)
-            parsed = api.parse(model, body)
-            return await answer(request, session, parsed)
+            try:
+                if self._closing:
+                    raise api.APIError(503, "The endpoint is shutting down.", "service_unavailable")
+                session = self._session(request)
+                body = await self._body(request)
+                parsed = api.parse(model, body)
+                return await answer(request, session, parsed)
+            except api.APIError:
+                raise
+            except Exception as exc:  # a bug or an input nothing above foresaw: a JSON 500, the run goes on
+                log.exception("agent endpoint: %s failed", request.url.path)
+                raise api.APIError(500, f"The endpoint failed on this request: {type(exc).__name__}: {exc}",
+                                   "server_error") from exc
         except api.APIError as exc:
             # a request cut by its episode's end (a redundant or stale episode cancelled) or by the
             # run's is no error: its agent is cancelled with it and sees no answer
@@ -159,7 +168,8 @@ class AgentEndpoint:
             self.stats["ended" if ended else "errors"] += 1
             if not ended:
                 self.error_codes[exc.code or str(exc.status)] += 1
-                log.debug("agent endpoint: %s %s", exc.status, exc.message)
+                log.debug("agent endpoint: %s %s (session %s)", exc.status, exc.message,
+                          session.env_id if session is not None else "-")
             return JSONResponse(exc.body(), status_code=exc.status)
 
     def _session(self, request) -> Session:
@@ -288,7 +298,11 @@ class AgentEndpoint:
         if isinstance(req.prompt, str):
             call = session.begin_text(req.prompt)
         else:
+            self._check_token_ids(req.prompt)
             call = session.begin_ids(req.prompt)
+        if not call.prompt_ids:
+            session.abandon(call)
+            raise api.APIError(400, "The prompt is empty.", param="prompt")
         try:
             sampling = self._sampling(session, req, len(call.prompt_ids))
         except api.APIError:
@@ -314,6 +328,15 @@ class AgentEndpoint:
         from starlette.responses import JSONResponse
 
         return JSONResponse(api.completion_response(self.cfg.model_name, text, finish, usage, logprobs))
+
+    def _check_token_ids(self, ids: list[int]) -> None:
+        """A token-id prompt holds only ids the tokenizer has: an id outside `[0, len(tokenizer))`
+        would fail the engine's or the trainer's embedding lookup, so it is refused at the door."""
+        vocab = self.vocab_size
+        for i, token in enumerate(ids):
+            if not 0 <= token < vocab:
+                raise api.APIError(400, f"prompt[{i}] is token id {token}, outside this model's vocabulary "
+                                   f"[0, {vocab}).", param=f"prompt.{i}", code="invalid_token_id")
 
     def _cut(self, result: GenerateResult, stops: list[str]) -> tuple[str, str, int]:
         """The answer's text as the agent sees it, its finish reason, and how many of the sampled

@@ -9,6 +9,7 @@ gradients over micro-batches, clips, takes optimizer steps and bumps the version
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import time
 from typing import Collection, Iterator
@@ -113,6 +114,7 @@ class PolicyTrainer:
         come back as `metrics["trainer_logprobs"]` ({index: one value per token, 0 where untrained}),
         for the rollout dumps; computed by the update's own forward passes, at no extra cost."""
         start = time.perf_counter()
+        groups, capture, refused = self._refuse_out_of_vocab(groups, capture)
         self._captured = {i: [] for i in capture}
         lr = lr_at(self.cfg, self.version)
         for group in self._param_groups():
@@ -139,11 +141,38 @@ class PolicyTrainer:
         metrics = {key: value / n for key, value in sums.items() if not key.startswith("_")}
         metrics.update(lr=lr, grad_norm=sums["_grad_norm"] / k, skipped_updates=sums.get("_skipped_updates", 0.0),
                        train_tokens=float(tokens),
-                       time_train_s=time.perf_counter() - start, advantage_abs_mean=float(adv.abs().mean()))
+                       time_train_s=time.perf_counter() - start, advantage_abs_mean=float(adv.abs().mean()) if len(adv) else 0.0)
         metrics["train_tokens_per_s"] = tokens / max(metrics["time_train_s"], 1e-9)
         if capture:
-            metrics["trainer_logprobs"] = self._captured
+            metrics["trainer_logprobs"] = {capture[i]: values for i, values in self._captured.items()}
+        if refused:
+            metrics["refused_episodes"] = refused
         return metrics
+
+    def _refuse_out_of_vocab(self, groups: list[Group], capture: Collection[int]):
+        """`groups` without the episodes holding a token id the model has no embedding for (the
+        agent endpoint refuses such ids at the door; this is the defence behind it: one such
+        sample would fail the whole step), `capture` as {index among the kept samples: index in
+        the batch}, and one line per refused episode saying why."""
+        vocab = self.model.get_input_embeddings().num_embeddings
+        wanted, mapping, refused, kept_groups = set(capture), {}, [], []
+        old = new = 0  # sample indices in the batch and among the kept
+        for group in groups:
+            kept = []
+            for traj in group.trajectories:
+                n = len(traj.samples())
+                bad = next((i for s in traj.samples() for i in s.token_ids if not 0 <= i < vocab), None)
+                if bad is None:
+                    mapping.update({new + k: old + k for k in range(n) if old + k in wanted})
+                    kept.append(traj)
+                    new += n
+                else:
+                    refused.append(f"group {traj.group_id} env {traj.env_id} (seed {traj.seed}): token id {bad} "
+                                   f"is outside the model's vocabulary [0, {vocab})")
+                old += n
+            if kept:
+                kept_groups.append(dataclasses.replace(group, trajectories=kept))
+        return (kept_groups, mapping, refused) if refused else (groups, {j: j for j in capture}, [])
 
     @torch.no_grad()
     def _proximal_logps(self, trajs: list[Trajectory]) -> list[torch.Tensor]:

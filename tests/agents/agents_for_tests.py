@@ -60,3 +60,45 @@ async def staggered_solve(task: dict, client):
 
     await asyncio.sleep(random.uniform(0, 0.5))
     return await agent.solve(task, client)
+
+
+# what hostile_agent sends before its good call: (name, path, raw body)
+HOSTILE_REQUESTS = [
+    ("ids above the vocabulary", "/completions", b'{"prompt": [1000000, 1000001], "max_tokens": 2}'),
+    ("negative ids", "/completions", b'{"prompt": [-5, 3], "max_tokens": 2}'),
+    ("non-integer ids", "/completions", b'{"prompt": [1.5, 3], "max_tokens": 2}'),
+    ("ids as strings", "/completions", b'{"prompt": ["7", 3], "max_tokens": 2}'),
+    ("an empty prompt", "/completions", b'{"prompt": [], "max_tokens": 2}'),
+    ("nested 100,000 deep", "/chat/completions", b'{"messages": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"),
+    ("not UTF-8", "/chat/completions", b'{"messages": [{"role": "user", "content": "\xff\xfe\xfa"}]}'),
+]
+
+
+async def hostile_agent(task: dict, client, marker_dir: str) -> float:
+    """Sends each of HOSTILE_REQUESTS on one keep-alive connection, then a good chat call on the
+    same connection; writes what came back (status, JSON error or not) to `marker_dir`."""
+    import json
+
+    import httpx
+
+    answers = {}
+    headers = {"authorization": f"Bearer {client.api_key}", "content-type": "application/json"}
+    async with httpx.AsyncClient(base_url=str(client.base_url).rstrip("/"), headers=headers, timeout=60,
+                                 limits=httpx.Limits(max_connections=1)) as http:
+        for name, path, body in HOSTILE_REQUESTS:
+            reply = await http.post(path, content=body)
+            try:
+                error = reply.json()["error"]
+            except (ValueError, KeyError, TypeError):
+                error = None
+            answers[name] = {"status": reply.status_code, "error": error}
+        good = await http.post("/chat/completions", json={
+            "messages": [{"role": "user", "content": f"task {task['id']}"}], "max_tokens": 4})
+        answers["good call after them"] = {"status": good.status_code, "error": None}
+    (Path(marker_dir) / f"task-{task['id']}-{os.getpid()}-{random.random()}.json").write_text(json.dumps(answers))
+    return float(task["id"] % 2)
+
+
+def broken_tool_parser(text: str):
+    """A user's tool parser with a bug (endpoint.tool_parser: module:function)."""
+    raise KeyError("the parser's own bug")

@@ -304,3 +304,40 @@ def test_an_agent_env_in_worker_processes_is_a_config_error():
 
     with pytest.raises(ConfigError, match="workers is not for roll_agent/Agent-v0"):
         load_config(overrides=["envs=[{id: roll_agent/Agent-v0, workers: 2, kwargs: {agent: 'a:b', tasks: t}}]"])
+
+
+@pytest.mark.slow
+def test_bad_requests_get_json_errors_and_the_run_trains_on(tmp_path):
+    """A live run (real tiny model on the hf engine) whose agent sends, in every episode, token ids
+    outside the vocabulary, negative and non-integer ids, an empty prompt, JSON nested 100,000
+    deep and a body that is not UTF-8: each gets a JSON 400 naming what is wrong, the next call on
+    the same connection is answered, nothing of them is recorded, and the run trains its steps."""
+    import json
+
+    from roll_agent.metrics import read_rows
+    from roll_agent.run import train
+    from tests.agents.agents_for_tests import HOSTILE_REQUESTS
+    from tests.test_run import small_cfg
+
+    marks = tmp_path / "answers"
+    marks.mkdir()
+    tasks = str(EXAMPLE / "tasks.jsonl")
+    cfg = small_cfg(tmp_path / "run", "rollout.max_new_tokens=6", "rollout.max_context_tokens=512",
+                    "model.tiny.max_position_embeddings=512",
+                    f"envs=[{{id: roll_agent/Agent-v0, kwargs: {{agent: 'tests.agents.agents_for_tests:hostile_agent', "
+                    f"tasks: '{tasks}', timeout_s: 120, agent_kwargs: {{marker_dir: '{marks}'}}}}}}]")
+    assert run(train(cfg), timeout=400) == 2
+    rows = [r for r in read_rows(tmp_path / "run" / "metrics.jsonl") if "loss" in r]
+    assert len(rows) == 2 and all(r["episodes_refused"] == 0 for r in rows)
+    assert all(r["agent_calls_per_episode"] == 1.0 for r in rows)  # only the good call was recorded
+    files = list(marks.glob("task-*.json"))
+    assert len(files) >= 4
+    for f in files:
+        answers = json.loads(f.read_text())
+        assert answers.pop("good call after them")["status"] == 200
+        assert set(answers) == {name for name, _, _ in HOSTILE_REQUESTS}
+        for name, answer in answers.items():
+            assert answer["status"] == 400 and answer["error"]["message"], (name, answer)
+        assert answers["ids above the vocabulary"]["error"]["param"] == "prompt.0"
+        assert answers["negative ids"]["error"]["code"] == "invalid_token_id"
+        assert "nested too deeply" in answers["nested 100,000 deep"]["error"]["message"]

@@ -205,3 +205,26 @@ def test_completions_with_text_and_token_prompts_and_503_while_shutting_down(for
     assert session.segments[0].traj.token_ids[:len(SEEN[-1])] == SEEN[-1]
     if isinstance(late, httpx.Response):
         assert late.status_code == 503 and "shutting down" in late.json()["error"]["message"]
+
+
+def test_an_unexpected_failure_is_a_json_500_and_the_connection_stays_usable(formatter):
+    """A user's tool parser that raises: the request gets an OpenAI-style 500 naming the error
+    (not uvicorn's plain-text page), and the next request on the same connection is answered."""
+    from roll_agent.config import EndpointConfig
+
+    endpoint = EndpointConfig(tool_parser="tests.agents.agents_for_tests:broken_tool_parser")
+    stack = stack_for(formatter, answering(formatter, lambda _: "fine"), endpoint=endpoint)
+
+    async def go():
+        async with session_of(stack) as (session, url):
+            async with httpx.AsyncClient(timeout=30, limits=httpx.Limits(max_connections=1)) as raw:
+                body = {"messages": [{"role": "user", "content": "x"}]}
+                failed = await raw.post(f"{url}/chat/completions", json={**body, "tools": TOOLS})
+                after = await raw.post(f"{url}/chat/completions", json=body)  # no tools: no parser
+            return failed, after
+
+    failed, after = run(go())
+    assert failed.status_code == 500
+    error = failed.json()["error"]
+    assert error["type"] == "server_error" and "KeyError" in error["message"]
+    assert after.status_code == 200 and after.json()["choices"][0]["message"]["content"] == "fine"

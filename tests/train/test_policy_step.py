@@ -153,3 +153,33 @@ def test_a_rows_log_probs_do_not_depend_on_the_padding_beside_it(tiny_model_dir)
     n = alone.shape[1]
     assert together.shape[1] > n
     torch.testing.assert_close(together[1, :n], alone[0], rtol=1e-5, atol=1e-6)
+
+
+def test_a_sample_with_an_id_outside_the_vocabulary_is_refused_and_the_rest_train(tiny_model_dir):
+    """The trainer's defence behind the agent endpoint's check: an episode holding a token id the
+    embedding has no row for (or a negative one) is left out of the step and named; the step
+    trains the others exactly as it would without it, and its capture indices still point at
+    the batch's own samples."""
+    cfg, algo = TrainerConfig(micro_batch_size=3, lr=1e-2), AlgorithmConfig(kl_coef=0.0)
+    clean = TorchTrainer(tiny_model_dir, cfg, algo, ModelConfig(), temperature=1.0, seed=3)
+    guarded = TorchTrainer(tiny_model_dir, cfg, algo, ModelConfig(), temperature=1.0, seed=3)
+    vocab = guarded.model.get_input_embeddings().num_embeddings
+    groups = multi_turn_groups()
+    bad = []
+    for token in (vocab + 10**6, -5):
+        t = Trajectory(group_id=7, reward=1.0, env_id=f"agent-{token}")
+        t.append([3, token, 4], generated=False)
+        t.append([5, 6], generated=True, logprobs=[-1.0, -1.0], versions=[0, 0])
+        bad.append(t)
+    hostile = [Group(7, 7, "x", bad), *groups]  # the refused group comes first: every index shifts
+    metrics = guarded.step(hostile, capture=[2, 9])
+    reference = clean.step(multi_turn_groups(), capture=[0, 7])
+    assert len(metrics["refused_episodes"]) == 2
+    assert "outside the model's vocabulary" in metrics["refused_episodes"][0]
+    assert "refused_episodes" not in reference
+    assert sorted(metrics["trainer_logprobs"]) == [2, 9]
+    assert metrics["trainer_logprobs"][2] == pytest.approx(reference["trainer_logprobs"][0])
+    assert metrics["trainer_logprobs"][9] == pytest.approx(reference["trainer_logprobs"][7])
+    assert metrics["loss"] == pytest.approx(reference["loss"], rel=1e-5)
+    for p, q in zip(guarded.model.parameters(), clean.model.parameters()):
+        torch.testing.assert_close(p, q)
