@@ -106,8 +106,11 @@ class TextGame(gymnasium.Env):
         return f"Answer with one word: {', '.join(self.actions[:-1])} or {self.actions[-1]}."
 
     def _info(self, invalid: bool) -> dict[str, Any]:
-        # A fresh list each call: callers may keep and mutate what they are given.
-        return {"success": self._solved, "invalid_action": invalid, "admissible_actions": list(self.actions)}
+        # A fresh list each call: callers may keep and mutate what they are given. The state key
+        # is the game's own render, so an invalid action's turn (its observation starts with
+        # "Invalid action.") is played from the same state as a valid one's (turn-level credit).
+        return {"success": self._solved, "invalid_action": invalid, "admissible_actions": list(self.actions),
+                "state_key": self._render()}
 
 
 # ---------------------------------------------------------------------------------------

@@ -14,7 +14,11 @@ each missing key is reported as a warning, `ContractWarning`):
 - step info `invalid_action` (bool): an action the env could not parse, state unchanged;
   without it no action counts as invalid (the checks on garbage actions only see that
   stepping with them does not raise);
-- reset/step info `admissible_actions`, `tools`, and `env.unwrapped.expert_action()`.
+- reset/step info `admissible_actions`, `tools`, and `env.unwrapped.expert_action()`;
+- reset/step info `state_key` (a str or int): which states are the same, for turn-level credit
+  (`algorithm.advantage: gigpo` groups the turns of a task group played from equal keys); without
+  it a turn's state is a hash of its observation. When given it must be in every info, and an
+  invalid action must leave it as it was.
 """
 
 from __future__ import annotations
@@ -183,6 +187,29 @@ def check_invalid_keeps_state(env: gymnasium.Env) -> None:
     )
 
 
+def check_state_keys(env: gymnasium.Env) -> None:
+    _, info = env.reset(seed=SEED)
+    steps = _episode(env)
+    infos = [info, *(step[4] for step in steps)]
+    if not any("state_key" in i for i in infos):
+        warnings.warn('reset/step info has no "state_key": turns are keyed by a hash of their observation '
+                      "(gigpo's anchor states)", ContractWarning, stacklevel=2)
+        return
+    for where, i in (("reset", infos[0]), *((f"step {n}", i) for n, i in enumerate(infos[1:], 1))):
+        assert "state_key" in i, f'{where} info has no "state_key" though other infos do: give it in every info'
+        key = i["state_key"]
+        assert isinstance(key, (str, int, np.integer)) and not isinstance(key, bool), (
+            f'{where} info["state_key"] must be a str or an int, got {type(key).__name__}')
+    if _free_text(env):
+        return
+    _, info = env.reset(seed=SEED)
+    after = _checked_step(env, GARBAGE_ACTIONS["unknown word"])[4]
+    if after.get("invalid_action"):
+        assert after["state_key"] == info["state_key"], (
+            f'an invalid action changed info["state_key"] ({info["state_key"]!r} -> {after["state_key"]!r}): '
+            "the state is the same, so its key must be")
+
+
 def check_determinism(env: gymnasium.Env) -> None:
     first_reset, second_reset = env.reset(seed=SEED), env.reset(seed=SEED)
     assert data_equivalence(first_reset, second_reset), "two resets with the same seed differ"
@@ -229,6 +256,7 @@ CHECKS: list[tuple[str, Callable[[gymnasium.Env], None]]] = [
     ("expert action", check_expert_action),
     ("garbage actions are invalid", check_garbage_actions),
     ("invalid action keeps state", check_invalid_keeps_state),
+    ("state keys", check_state_keys),
     ("seeded determinism", check_determinism),
 ]
 

@@ -14,7 +14,8 @@ from typing import Any, Optional
 
 
 # The algorithm names a config may choose; roll_agent/train/algorithms.py implements each.
-ADVANTAGE_ESTIMATORS = ("grpo", "rloo", "reinforce")
+EPISODE_ESTIMATORS = ("grpo", "rloo", "reinforce")  # one advantage per episode, every turn takes it
+ADVANTAGE_ESTIMATORS = EPISODE_ESTIMATORS + ("turn", "gigpo")  # turn-level: each turn its own
 POLICY_LOSSES = ("ppo", "tis", "cispo", "topr")
 AGGREGATIONS = ("token-mean", "seq-mean")
 
@@ -263,8 +264,12 @@ class AlgorithmConfig:
     kl_coef: float = 0.05  # k3 KL to the reference: the policy RL starts from (after any warm-start)
     entropy_coef: float = 0.0
     aggregation: str = "seq-mean"  # per-episode means: multi-turn length does not bias stop tokens
+    gamma: float = 0.95  # turn, gigpo: the discount of the return-to-go from each turn
+    step_weight: float = 1.0  # gigpo: weight of the step (anchor-state) advantage beside the episode's
 
     def __post_init__(self) -> None:
+        if not 0.0 <= self.gamma <= 1.0:
+            raise ConfigError(f"algorithm.gamma must be in [0, 1], got {self.gamma}")
         _choice("algorithm", "advantage", self.advantage, ADVANTAGE_ESTIMATORS)
         _choice("algorithm", "loss", self.loss, POLICY_LOSSES)
         _choice("algorithm", "aggregation", self.aggregation, AGGREGATIONS)

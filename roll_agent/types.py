@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import hashlib
 import itertools
 import uuid
 from dataclasses import dataclass, field
@@ -75,6 +76,27 @@ class GenerateResult:
     num_reissues: int = 0
 
 
+def state_key(observation, info: dict) -> str:
+    """Which state a turn was played from: the env's `info["state_key"]` when it says, else a hash
+    of the observation the model was shown. Turns of one group with equal keys are one anchor
+    state for turn-level credit (roll_agent/train/algorithms.py: gigpo)."""
+    if "state_key" in info:
+        return str(info["state_key"])
+    return hashlib.blake2b(str(observation).encode("utf-8", "surrogatepass"), digest_size=12).hexdigest()
+
+
+@dataclass
+class Turn:
+    """One model call of an episode: where its sampled tokens lie, the state it was played from
+    and the reward the env gave for it."""
+
+    sample: int  # which of the episode's samples(): 0 the episode's own tokens, k its segments[k - 1]
+    start: int  # the call's sampled tokens are that sample's token_ids[start:end]
+    end: int
+    state_key: str = ""
+    reward: float = 0.0
+
+
 @dataclass
 class Trajectory:
     """One whole episode, token-in/token-out."""
@@ -105,6 +127,9 @@ class Trajectory:
     # the model saw (roll_agent/agents/sessions.py), each new segment is trained as its own sample,
     # with this episode's reward and advantage
     segments: list[Trajectory] = field(default_factory=list)
+    # the episode's model calls in the order they were made (on the episode, not on its segments):
+    # turn-level estimators give each its own advantage (roll_agent/train/algorithms.py)
+    turns: list[Turn] = field(default_factory=list)
 
     def keep_info(self, info: dict) -> None:
         self.info = {str(k): (_head_and_tail(v) if isinstance(v, str) else v) for k, v in info.items()

@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass, field
 
-from roll_agent.types import GenerateResult, Trajectory
+from roll_agent.types import GenerateResult, Trajectory, Turn, state_key
 
 
 @dataclass
@@ -99,6 +99,7 @@ class Session:
         if not traj.token_ids:
             traj.prompt_len = len(call.new_ids)
         traj.append(call.new_ids, generated=False)
+        start = len(traj.token_ids)
         traj.append(result.token_ids, generated=True, logprobs=result.logprobs, versions=result.versions)
         traj.num_turns += 1
         segment.text = call.text + self._decode(result.token_ids)
@@ -110,6 +111,9 @@ class Session:
             self.segments.append(segment)
             if traj is not self.traj:
                 self.traj.segments.append(traj)
+        sample = next(k for k, s in enumerate(self.traj.samples()) if s is traj)
+        # the state a call is played from: its whole rendered prompt (an agent's history is its state)
+        self.traj.turns.append(Turn(sample, start, len(traj.token_ids), state_key(call.text, {})))
         self.calls += 1
 
     def abandon(self, call: Call) -> None:

@@ -32,7 +32,7 @@ from roll_agent.proxy.llm_proxy import GenerationAborted
 from roll_agent.rollout.chat import ChatFormatter
 from roll_agent.rollout.env_workers import EnvWorkers
 from roll_agent.rollout.envs import make_env
-from roll_agent.types import GenerateRequest, SamplingParams, Status, Trajectory
+from roll_agent.types import GenerateRequest, SamplingParams, Status, Trajectory, Turn, state_key
 from roll_agent.watchdog import Watchdog
 
 log = logging.getLogger(__name__)
@@ -206,6 +206,7 @@ class EnvManager:
         prompt = self.formatter.first_prompt(str(info.get("instructions", "")), str(obs), info.get("tools"))
         traj.append(prompt, generated=False)
         traj.prompt_len = len(prompt)
+        shown = state_key(obs, info)  # the state the next turn is played from
         gen_s = env_s = 0.0
         traj.status = Status.TRUNCATED  # unless the env terminates first
         for _ in range(cfg.max_turns):
@@ -217,12 +218,16 @@ class EnvManager:
             t0 = time.perf_counter()
             result = await self.proxy.generate(GenerateRequest(list(traj.token_ids), sampling, self.env_id))
             t1 = time.perf_counter()
+            turn = Turn(0, len(traj.token_ids), len(traj.token_ids) + len(result.token_ids), shown)
             traj.append(result.token_ids, generated=True, logprobs=result.logprobs, versions=result.versions)
             traj.num_turns += 1
             obs, reward, terminated, truncated, info = await self._step(self.formatter.response_text(result.token_ids))
             self.info = info
             gen_s, env_s = gen_s + t1 - t0, env_s + time.perf_counter() - t1
             traj.step_rewards.append(float(reward))
+            turn.reward = float(reward)
+            traj.turns.append(turn)
+            shown = state_key(obs, info)
             traj.metrics["invalid_actions"] = traj.metrics.get("invalid_actions", 0) + bool(info.get("invalid_action"))
             if terminated or truncated:
                 traj.status = Status.FINISHED if terminated else Status.TRUNCATED
@@ -263,6 +268,8 @@ class EnvManager:
         self.info = info
         traj.timing["env_s"] = time.perf_counter() - t1
         traj.step_rewards.append(float(reward))
+        if traj.turns:  # the agent's result is scored once: the reward of its last model call
+            traj.turns[-1].reward = float(reward)
         traj.status = Status.TRUNCATED if session.truncated or truncated or not terminated else Status.FINISHED
         traj.success = bool(info.get("success", reward > 0))
 

@@ -6,9 +6,11 @@ names it validates (`algorithm.advantage`, `.loss`, `.aggregation`).
 
 from __future__ import annotations
 
+import math
+
 import torch
 
-from roll_agent.config import ADVANTAGE_ESTIMATORS, AGGREGATIONS, POLICY_LOSSES
+from roll_agent.config import ADVANTAGE_ESTIMATORS, AGGREGATIONS, EPISODE_ESTIMATORS, POLICY_LOSSES
 
 # exp() of a log-ratio above this overflows float32/bf16 on the way to the
 # clip; an inf there turns the (zero) gradient of the clipped branch into NaN.
@@ -31,13 +33,14 @@ def compute_advantages(
     std_normalize: bool = True,
     eps: float = 1e-6,
 ) -> torch.Tensor:
-    """Per-episode advantages [N] from scalar rewards [N] and task group ids [N].
+    """Per-episode advantages [N] from scalar rewards [N] and task group ids [N] (the episode-level
+    estimators; turn_advantages gives every estimator's per-turn values).
 
     grpo: (r - group mean) / (group std + eps), std unbiased; singleton groups -> 0.
     rloo: r - mean of the other episodes in the group; singleton groups -> 0.
     reinforce: r - batch mean, optionally / (batch std + eps).
     """
-    _check_choice("advantage estimator", estimator, ADVANTAGE_ESTIMATORS)
+    _check_choice("episode-level advantage estimator", estimator, EPISODE_ESTIMATORS)
     if rewards.dim() != 1 or group_ids.shape != rewards.shape:
         raise ValueError(
             f"rewards and group_ids must both be 1-D of equal length, got "
@@ -76,6 +79,89 @@ def compute_advantages(
     sq = torch.zeros_like(count).index_add_(0, inv, dev * dev)
     std = (sq / (count - 1).clamp_min(1)).sqrt()[inv]
     return dev / (std + eps)
+
+
+def discounted_returns(rewards: list[float], gamma: float) -> list[float]:
+    """Return-to-go of each turn: G_t = r_t + gamma * G_{t+1}, G after the last turn = 0."""
+    out, g = [0.0] * len(rewards), 0.0
+    for t in range(len(rewards) - 1, -1, -1):
+        g = rewards[t] + gamma * g
+        out[t] = g
+    return out
+
+
+def _normalized(values: list[float], std_normalize: bool, eps: float) -> list[float]:
+    """Deviation of each value from the mean of `values`, over their unbiased std + eps when asked;
+    a single value (or equal ones) gives 0."""
+    n = len(values)
+    mean = sum(values) / n
+    dev = [v - mean for v in values]
+    if not std_normalize:
+        return dev
+    std = math.sqrt(sum(d * d for d in dev) / (n - 1)) if n > 1 else 0.0
+    return [d / (std + eps) for d in dev]
+
+
+def turn_advantages(
+    rewards: torch.Tensor,
+    group_ids: torch.Tensor,
+    turn_rewards: list[list[float]],
+    state_keys: list[list[str]],
+    estimator: str,
+    *,
+    std_normalize: bool = True,
+    gamma: float = 1.0,
+    step_weight: float = 1.0,
+    eps: float = 1e-6,
+) -> list[torch.Tensor]:
+    """Per-turn advantages: for episode i a tensor [len(turn_rewards[i])] (docs/algorithms.md).
+
+    `rewards` [N] and `group_ids` [N] are the episodes' returns and task groups, `turn_rewards[i]`
+    and `state_keys[i]` episode i's turns in order (the reward the env gave for each, the state
+    each was played from).
+    grpo, rloo, reinforce: every turn takes its episode's advantage (compute_advantages).
+    turn: (G_t - mean_g G_0) / (std_g G_0 + eps), G_t the discounted return-to-go of turn t and
+        mean_g, std_g over the episodes of its group (the expected return from the task's start).
+    gigpo: the grpo advantage of the episode + step_weight * the step advantage: G_t normalised
+        within its anchor group (every turn of the task group played from the same state,
+        repeats inside one episode included; a turn alone in its anchor group gets 0).
+    """
+    _check_choice("advantage estimator", estimator, ADVANTAGE_ESTIMATORS)
+    if not (len(turn_rewards) == len(state_keys) == rewards.numel()):
+        raise ValueError(f"{rewards.numel()} episodes but {len(turn_rewards)} turn reward lists and "
+                         f"{len(state_keys)} state key lists")
+    if estimator in EPISODE_ESTIMATORS:
+        adv = compute_advantages(rewards, group_ids, estimator, std_normalize=std_normalize, eps=eps)
+        return [adv[i].expand(len(turns)).clone() for i, turns in enumerate(turn_rewards)]
+    returns = [discounted_returns(r, gamma) for r in turn_rewards]
+    members: dict[int, list[int]] = {}
+    for i, gid in enumerate(group_ids.tolist()):
+        members.setdefault(gid, []).append(i)
+    out = [[0.0] * len(r) for r in returns]
+    episode_adv = compute_advantages(rewards, group_ids, "grpo", std_normalize=std_normalize, eps=eps).tolist()
+    for episodes in members.values():
+        if estimator == "turn":
+            starts = [returns[i][0] if returns[i] else 0.0 for i in episodes]
+            mean = sum(starts) / len(starts)
+            scale = 1.0
+            if std_normalize:
+                n = len(starts)
+                scale = (math.sqrt(sum((g - mean) ** 2 for g in starts) / (n - 1)) if n > 1 else 0.0) + eps
+            for i in episodes:
+                out[i] = [(g - mean) / scale for g in returns[i]]
+            continue
+        # gigpo
+        anchors: dict[str, list[tuple[int, int]]] = {}
+        for i in episodes:
+            for t, key in enumerate(state_keys[i]):
+                anchors.setdefault(key, []).append((i, t))
+        for turns in anchors.values():
+            for (i, t), a in zip(turns, _normalized([returns[i][t] for i, t in turns], std_normalize, eps)):
+                out[i][t] = step_weight * a
+        for i in episodes:
+            out[i] = [episode_adv[i] + step for step in out[i]]
+    return [torch.tensor(values, dtype=rewards.dtype if rewards.is_floating_point() else torch.float32)
+            for values in out]
 
 
 # --------------------------------------------------------------------------- policy losses

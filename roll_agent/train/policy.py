@@ -20,7 +20,7 @@ import torch
 from roll_agent.config import AlgorithmConfig, ConfigError, ModelConfig, TrainerConfig
 from roll_agent.modeling import logits_to_keep_kwargs, sync_parameters
 from roll_agent.train import algorithms as alg
-from roll_agent.train.batch import TokenBatch, collate
+from roll_agent.train.batch import TokenBatch, collate, episode_turns, token_advantages
 from roll_agent.train.lr_schedule import lr_at
 from roll_agent.types import Group, Trajectory
 
@@ -73,11 +73,12 @@ class PolicyTrainer:
         return model
 
     # ---- batches -----------------------------------------------------------
-    def batch(self, trajs: list[Trajectory]) -> TokenBatch:
-        """`trajs` collated on this trainer's device; positions before the earliest trained token
-        are skipped when the model can compute logits for the last positions only."""
-        return collate(trajs, skip_untrained=self.narrow_logits and bool(logits_to_keep_kwargs(self.model, 1))) \
-            .to(self.device)
+    def batch(self, trajs: list[Trajectory], advantages: list[list[float]] | None = None) -> TokenBatch:
+        """`trajs` (and their per-token advantages) collated on this trainer's device; positions
+        before the earliest trained token are skipped when the model can compute logits for the
+        last positions only."""
+        narrow = self.narrow_logits and bool(logits_to_keep_kwargs(self.model, 1))
+        return collate(trajs, skip_untrained=narrow, advantages=advantages).to(self.device)
 
     def logprobs(self, batch: TokenBatch, model: torch.nn.Module | None = None, with_entropy: bool = False):
         """Log-probs [n, batch.num_targets] of the targets under `model` (default: the policy being
@@ -120,13 +121,8 @@ class PolicyTrainer:
         for group in self._param_groups():
             group["lr"] = lr
         episodes = [t for g in groups for t in g.trajectories]
-        rewards = torch.tensor([t.reward for t in episodes], dtype=torch.float32)
-        gids = torch.tensor([g.group_id for g in groups for _ in g.trajectories])
-        adv = alg.compute_advantages(rewards, gids, self.algo.advantage, std_normalize=self.algo.std_normalize)
-        # an agent episode may be several samples (segments): each takes its episode's advantage
-        of_episode = [i for i, t in enumerate(episodes) for _ in t.samples()]
-        trajs = [s for t in episodes for s in t.samples()]
-        adv = adv[of_episode]
+        trajs = [s for t in episodes for s in t.samples()]  # an agent episode may be several samples
+        adv = self._advantages(groups, episodes)
         order = list(range(len(trajs)))
         self._rng.shuffle(order)
         k = self.cfg.updates_per_batch
@@ -140,14 +136,27 @@ class PolicyTrainer:
         n = max(sums.pop("_mask_tokens", 0.0), 1.0)
         metrics = {key: value / n for key, value in sums.items() if not key.startswith("_")}
         metrics.update(lr=lr, grad_norm=sums["_grad_norm"] / k, skipped_updates=sums.get("_skipped_updates", 0.0),
-                       train_tokens=float(tokens),
-                       time_train_s=time.perf_counter() - start, advantage_abs_mean=float(adv.abs().mean()) if len(adv) else 0.0)
+                       train_tokens=float(tokens), time_train_s=time.perf_counter() - start,
+                       advantage_abs_mean=_sample_mean_abs(trajs, adv))
         metrics["train_tokens_per_s"] = tokens / max(metrics["time_train_s"], 1e-9)
         if capture:
             metrics["trainer_logprobs"] = {capture[i]: values for i, values in self._captured.items()}
         if refused:
             metrics["refused_episodes"] = refused
         return metrics
+
+    def _advantages(self, groups: list[Group], episodes: list[Trajectory]) -> list[list[float]]:
+        """One advantage per token of every sample of the batch (roll_agent/train/algorithms.py:
+        per turn, by `algorithm.advantage`; a turn's value on its sampled tokens)."""
+        algo = self.algo
+        turns = [episode_turns(t) for t in episodes]
+        per_turn = alg.turn_advantages(
+            torch.tensor([t.reward for t in episodes], dtype=torch.float32),
+            torch.tensor([g.group_id for g in groups for _ in g.trajectories]),
+            [[turn.reward for turn in ts] for ts in turns], [[turn.state_key for turn in ts] for ts in turns],
+            algo.advantage, std_normalize=algo.std_normalize, gamma=algo.gamma, step_weight=algo.step_weight)
+        return [row for t, ts, values in zip(episodes, turns, per_turn)
+                for row in token_advantages(t, ts, values.tolist())]
 
     def _refuse_out_of_vocab(self, groups: list[Group], capture: Collection[int]):
         """`groups` without the episodes holding a token id the model has no embedding for (the
@@ -195,15 +204,15 @@ class PolicyTrainer:
         # mini-batch either way, so the update is the same. With no signal at all no optimizer
         # step is taken (one on zero gradients would still drift the weights through Adam's momentum).
         every_sample = algo.kl_coef > 0 or algo.entropy_coef != 0
-        has_signal = [every_sample or float(adv[i]) != 0.0 for i in mini]
+        has_signal = [every_sample or any(a != 0.0 for a, m in zip(adv[i], trajs[i].loss_mask) if m) for i in mini]
         trained = [i for i, yes in zip(mini, has_signal) if yes]
         signal = bool(trained)
         self._zero_grad()
         for grad, rows in ((True, trained), (False, [i for i, yes in zip(mini, has_signal) if not yes])):
             for idx in self._micro_batches(rows):
-                batch = self.batch([trajs[i] for i in idx])
+                batch = self.batch([trajs[i] for i in idx], [adv[i] for i in idx])
                 with torch.set_grad_enabled(grad):
-                    loss = self._micro_loss(trajs, idx, batch, adv, old, total_tokens, total_seqs, sums)
+                    loss = self._micro_loss(trajs, idx, batch, old, total_tokens, total_seqs, sums)
                 if grad:
                     self._backward(loss)
         norm = self._apply_gradients() if signal else 0.0
@@ -211,7 +220,7 @@ class PolicyTrainer:
         if norm <= 0:
             _add(sums, "_skipped_updates", 1.0)
 
-    def _micro_loss(self, trajs, idx, batch, adv, old, total_tokens: int, total_seqs: int,
+    def _micro_loss(self, trajs, idx, batch, old, total_tokens: int, total_seqs: int,
                     sums: dict[str, float]) -> torch.Tensor:
         algo = self.algo
         logp, entropy = self.logprobs(batch, with_entropy=True)
@@ -220,7 +229,7 @@ class PolicyTrainer:
         for row, i in enumerate(idx):
             if self._captured.get(i) == []:
                 self._captured[i] = _per_token(logp_old[row], batch.start, trajs[i].loss_mask)
-        advantages = adv[idx].to(logp.device)[:, None].expand_as(logp)
+        advantages = batch.advantages
         positive = torch.tensor([trajs[i].reward > 0 for i in idx], device=logp.device)
         loss_tok, diag = alg.policy_loss(
             logp, logp_old, batch.behaviour_logprobs, advantages, mask, algo.loss,
@@ -339,6 +348,15 @@ def _per_token(targets: torch.Tensor, start: int, loss_mask: list[int]) -> list[
     full = torch.zeros(n)
     full[start + 1:] = targets[:n - 1 - start].detach().float().cpu()
     return (full * torch.tensor(loss_mask, dtype=torch.float32)).tolist()
+
+
+def _sample_mean_abs(trajs: list[Trajectory], adv: list[list[float]]) -> float:
+    """Mean over samples of the mean |advantage| of each sample's trained tokens."""
+    per_sample = []
+    for t, row in zip(trajs, adv):
+        trained = [abs(a) for a, m in zip(row, t.loss_mask) if m]
+        per_sample.append(sum(trained) / len(trained) if trained else 0.0)
+    return sum(per_sample) / len(per_sample) if per_sample else 0.0
 
 
 def _add(sums: dict[str, float], key: str, value: float) -> None:

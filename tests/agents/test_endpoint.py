@@ -97,6 +97,14 @@ def test_a_history_editing_agent_forks_and_every_segment_is_what_the_model_saw(f
     first, second = (s.traj.token_ids for s in session.segments)
     assert first[:len(SEEN[1])] == SEEN[1] and second[:len(SEEN[2])] == SEEN[2]
     assert session.retokenize_mismatches == 0
+    # each call is a turn of the episode, in order, on the sample it extended or forked
+    turns = session.traj.turns
+    assert [t.sample for t in turns] == [0, 0, 1]
+    for k, sample in enumerate(session.traj.samples()):
+        spans = [(t.start, t.end) for t in turns if t.sample == k]
+        mask = sample.loss_mask
+        assert all(set(mask[a:b]) == {1} for a, b in spans) and sum(b - a for a, b in spans) == sum(mask)
+    assert len({t.state_key for t in turns}) == 3  # three different prompts
 
 
 def test_the_session_key_as_api_key_and_errors_for_unknown_or_missing_keys(formatter):

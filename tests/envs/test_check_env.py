@@ -22,6 +22,7 @@ ALL_CHECKS = [
     "expert action",
     "garbage actions are invalid",
     "invalid action keeps state",
+    "state keys",
     "seeded determinism",
     "in a worker process",
     "close twice",
@@ -39,6 +40,18 @@ class NoInstructions(FrozenLakeEnv):
     def __init__(self, **kwargs):
         super().__init__(**kwargs)
         self.instructions = ""
+
+
+class StepCountInStateKey(FrozenLakeEnv):
+    """Keys its states by the step count: the same position after an invalid action is a new key."""
+
+    def _info(self, invalid):
+        return {**super()._info(invalid), "state_key": f"{self._render()} after {self._steps} steps"}
+
+
+class DictStateKey(FrozenLakeEnv):
+    def _info(self, invalid):
+        return {**super()._info(invalid), "state_key": {"position": self.position}}
 
 
 class GuessTheLetter(gymnasium.Env):
@@ -66,6 +79,8 @@ class GuessTheLetter(gymnasium.Env):
 # `module:Name-v0` form the checker accepts for a user's env.
 gymnasium.register(id="RaisesOnEmpty-v0", entry_point=f"{__name__}:RaisesOnEmpty")
 gymnasium.register(id="NoInstructions-v0", entry_point=f"{__name__}:NoInstructions")
+gymnasium.register(id="StepCountInStateKey-v0", entry_point=f"{__name__}:StepCountInStateKey")
+gymnasium.register(id="DictStateKey-v0", entry_point=f"{__name__}:DictStateKey")
 gymnasium.register(id="GuessTheLetter-v0", entry_point=f"{__name__}:GuessTheLetter")
 gymnasium.register(id="OnlyHere-v0", entry_point=GuessTheLetter)  # a class object: this process only
 
@@ -96,6 +111,8 @@ def test_kwargs_reach_the_env():
     [
         ("RaisesOnEmpty-v0", r"garbage actions are invalid: raised ValueError: empty action"),
         ("NoInstructions-v0", r'reset and instructions: reset info\["instructions"\] must be a non-empty str when'),
+        ("StepCountInStateKey-v0", r'state keys: an invalid action changed info\["state_key"\]'),
+        ("DictStateKey-v0", r'state keys: reset info\["state_key"\] must be a str or an int, got dict'),
     ],
 )
 def test_broken_env_fails_with_a_clear_message(env_name, message):
@@ -136,11 +153,12 @@ def test_a_plain_gymnasium_env_passes_with_warnings_for_the_optional_keys(capsys
     assert any('no "instructions"' in m for m in messages)
     assert any('no "success": success is taken to be a positive last reward' in m for m in messages)
     assert any('no "invalid_action"' in m for m in messages)
+    assert any('no "state_key": turns are keyed by a hash of their observation' in m for m in messages)
     assert main([f"{__name__}:GuessTheLetter-v0"]) == 0
     lines = capsys.readouterr().out.splitlines()
     warned = [line for line in lines if line.startswith("WARN")]
-    assert len(warned) == 3 and set(warned) == {f"WARN  {m}" for m in messages}
-    assert lines[-1] == f"{__name__}:GuessTheLetter-v0: all checks passed (3 warnings)"
+    assert len(warned) == 4 and set(warned) == {f"WARN  {m}" for m in messages}
+    assert lines[-1] == f"{__name__}:GuessTheLetter-v0: all checks passed (4 warnings)"
 
 
 def test_an_env_registered_only_in_this_process_passes_with_a_warning_about_workers():

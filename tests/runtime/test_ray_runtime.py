@@ -33,9 +33,11 @@ def _ray_processes_of(out) -> list[int]:
 @pytest.mark.timeout(900)  # two runs of up to 300 s each
 def test_ray_run_trains_checkpoints_resumes_and_leaves_nothing_running(tmp_path):
     # the env in env worker processes (as TextWorld and ALFWorld run by default), inside the
-    # env-worker actors and, for evaluation, beside the driver
+    # env-worker actors and, for evaluation, beside the driver; turn-level advantages from the
+    # turns that travel with the samples to the trainer actor
     cfg = ray_cfg(tmp_path, "max_steps=2", "warmup.sft_steps=2", "warmup.episodes_per_step=2",
-                  "checkpoint.every=1", "checkpoint.keep_last=5", "envs=[{id: roll_agent/FrozenLake-v0, workers: 1}]")
+                  "checkpoint.every=1", "checkpoint.keep_last=5", "algorithm.advantage=gigpo",
+                  "envs=[{id: roll_agent/FrozenLake-v0, workers: 1}]")
     assert run(train(cfg), timeout=300) == 2
     rows = read_rows(tmp_path / "metrics.jsonl")
     steps = [r for r in rows if "loss" in r]

@@ -10,15 +10,18 @@ import pytest
 import torch
 from torch.testing import assert_close
 
+from roll_agent.config import EPISODE_ESTIMATORS
 from roll_agent.train.algorithms import (
     ADVANTAGE_ESTIMATORS,
     AGGREGATIONS,
     POLICY_LOSSES,
     aggregate,
     compute_advantages,
+    discounted_returns,
     entropy_from_logits,
     kl_k3,
     policy_loss,
+    turn_advantages,
 )
 
 F64 = torch.float64
@@ -79,14 +82,103 @@ def test_advantages_float32_and_single_episode():
     adv = compute_advantages(torch.tensor([1.0, 3.0]), torch.tensor([0, 0]), "grpo")
     assert adv.dtype == torch.float32
     assert_close(adv, torch.tensor([-1.0, 1.0]) / (math.sqrt(2.0) + EPS))
-    for est in ADVANTAGE_ESTIMATORS:
+    for est in EPISODE_ESTIMATORS:
         one = compute_advantages(torch.tensor([4.0]), torch.tensor([0]), est)
         assert one.tolist() == [0.0]
+    for est in ADVANTAGE_ESTIMATORS:  # a lone episode of one turn has nothing to be compared with
+        one = turn_advantages(torch.tensor([4.0]), torch.tensor([0]), [[4.0]], [["s"]], est)
+        assert one[0].tolist() == [0.0]
 
 
 def test_unknown_estimator_names_choices():
     with pytest.raises(ValueError, match="grpo.*rloo.*reinforce"):
         compute_advantages(t([1.0]), torch.tensor([0]), "gae")
+
+
+# --------------------------------------------------------------------------- turn-level advantages
+# docs/algorithms.md's worked example. Task group 0 has three episodes, group 1 one; gamma 0.5.
+#   A: states s0 s1 s2     rewards 0 0 1    R 1  G = [0.25, 0.5, 1]
+#   B: states s0 s1 s3     rewards 0 0 0    R 0  G = [0, 0, 0]        (truncated: no reward at all)
+#   C: states s0 s4 s0 s1  rewards 0 0 0 1  R 1  G = [0.125, 0.25, 0.5, 1]   (s0 twice: two members)
+#   D: states s0           rewards 1        R 1  G = [1]  (group 1: its s0 is not group 0's)
+TURN_REWARDS = [[0.0, 0.0, 1.0], [0.0, 0.0, 0.0], [0.0, 0.0, 0.0, 1.0], [1.0]]
+KEYS = [["s0", "s1", "s2"], ["s0", "s1", "s3"], ["s0", "s4", "s0", "s1"], ["s0"]]
+EPISODE_GROUPS = [0, 0, 0, 1]
+
+
+def _turn_adv(estimator, **kw):
+    rewards = t([sum(r) for r in TURN_REWARDS])
+    out = turn_advantages(rewards, torch.tensor(EPISODE_GROUPS), TURN_REWARDS, KEYS, estimator, gamma=0.5, **kw)
+    return [a.tolist() for a in out]
+
+
+def test_discounted_returns():
+    assert discounted_returns([0.0, 0.0, 1.0], 0.5) == [0.25, 0.5, 1.0]
+    assert discounted_returns([-0.1, 0.0, 1.0], 1.0) == pytest.approx([0.9, 1.0, 1.0])
+    assert discounted_returns([], 0.9) == []
+
+
+@pytest.mark.parametrize("estimator", EPISODE_ESTIMATORS)
+def test_episode_estimators_give_every_turn_the_episode_advantage(estimator):
+    per_episode = compute_advantages(t([1.0, 0.0, 1.0, 1.0]), torch.tensor(EPISODE_GROUPS), estimator)
+    for turns, a in zip(_turn_adv(estimator), per_episode.tolist()):
+        assert turns == [a] * len(turns)  # exactly, not approximately
+
+
+def test_gigpo_mean_only_by_hand():
+    # episode level (grpo, mean only): mean R of group 0 = 2/3; D alone -> 0
+    ea, eb, ec = 1 / 3, -2 / 3, 1 / 3
+    # anchor s0 in group 0: A0 .25, B0 0, C0 .125, C2 .5 -> mean .21875
+    # anchor s1: A1 .5, B1 0, C3 1 -> mean .5; s2, s3, s4 and group 1's s0 are alone -> 0
+    expected = [[ea + 0.03125, ea + 0.0, ea],
+                [eb - 0.21875, eb - 0.5, eb],
+                [ec - 0.09375, ec, ec + 0.28125, ec + 0.5],
+                [0.0]]
+    for got, want in zip(_turn_adv("gigpo", std_normalize=False), expected):
+        assert got == pytest.approx(want, abs=1e-7)
+
+
+def test_gigpo_std_normalized_and_step_weight():
+    sd = lambda xs: math.sqrt(sum((x - sum(xs) / len(xs)) ** 2 for x in xs) / (len(xs) - 1))  # noqa: E731
+    e = [(r - 2 / 3) / (sd([1, 0, 1]) + EPS) for r in (1, 0, 1)]
+    s0 = [0.25, 0.0, 0.125, 0.5]
+    m0, d0 = sum(s0) / 4, sd(s0) + EPS
+    s1 = [0.5, 0.0, 1.0]
+    d1 = sd(s1) + EPS  # 0.5
+    w = 0.3
+    expected = [[e[0] + w * (0.25 - m0) / d0, e[0] + 0.0, e[0]],
+                [e[1] + w * (0.0 - m0) / d0, e[1] - w * 0.5 / d1, e[1]],
+                [e[2] + w * (0.125 - m0) / d0, e[2], e[2] + w * (0.5 - m0) / d0, e[2] + w * 0.5 / d1],
+                [0.0]]
+    for got, want in zip(_turn_adv("gigpo", step_weight=w), expected):
+        assert got == pytest.approx(want, abs=1e-6)
+
+
+def test_gigpo_without_repeated_states_and_one_turn_each_is_grpo():
+    """With one turn per episode every anchor group is the task group at its start, where the
+    return is the reward: step and episode advantages agree, so gigpo = (1 + w) * grpo."""
+    rewards = t(REWARDS)
+    grpo = compute_advantages(rewards, torch.tensor(GROUPS), "grpo")
+    gigpo = turn_advantages(rewards, torch.tensor(GROUPS), [[r] for r in REWARDS], [["start"]] * 6, "gigpo",
+                            step_weight=1.0)
+    assert [a.item() for a in gigpo] == pytest.approx((2 * grpo).tolist(), abs=1e-9)
+
+
+def test_turn_return_to_go_with_a_group_baseline():
+    # group 0: G_0 = .25, 0, .125 -> mean .125 (mean only); each turn: G_t - .125; D alone: 1 - 1
+    expected = [[0.125, 0.375, 0.875], [-0.125] * 3, [0.0, 0.125, 0.375, 0.875], [0.0]]
+    assert _turn_adv("turn", std_normalize=False) == [pytest.approx(e) for e in expected]
+    scale = math.sqrt(((0.25 - 0.125) ** 2 + 0.125 ** 2 + 0.0) / 2) + EPS
+    normalized = _turn_adv("turn")
+    assert normalized[0] == pytest.approx([x / scale for x in expected[0]])
+
+
+def test_an_episode_without_turns_has_no_advantages():
+    """A member that made no model call (nothing sampled) has no turns: it still counts in the
+    group's episode baseline."""
+    out = turn_advantages(t([1.0, 0.0]), torch.tensor([0, 0]), [[1.0], []], [["a"], []], "gigpo",
+                          std_normalize=False)
+    assert out[0].tolist() == pytest.approx([0.5 + 0.0]) and out[1].tolist() == []
 
 
 # --------------------------------------------------------------------------- policy losses

@@ -183,3 +183,36 @@ def test_a_sample_with_an_id_outside_the_vocabulary_is_refused_and_the_rest_trai
     assert metrics["loss"] == pytest.approx(reference["loss"], rel=1e-5)
     for p, q in zip(guarded.model.parameters(), clean.model.parameters()):
         torch.testing.assert_close(p, q)
+
+
+def test_each_turn_trains_with_its_own_advantage(tiny_model_dir):
+    """gigpo (mean only, gamma 1) on one group of two episodes that share their first state:
+    episode advantages +-0.5, the first turns' anchor group adds +-0.5, the second turns are alone
+    (0). At the first update (ratio 1, sampler = trainer) the ppo loss of a token is -A, so the
+    step's token-mean loss is minus the mean of the per-token advantages: the values reached
+    the tokens of their own turns."""
+    from roll_agent.types import Turn
+
+    algo = AlgorithmConfig(advantage="gigpo", std_normalize=False, gamma=1.0, kl_coef=0.0)
+    trainer = TorchTrainer(tiny_model_dir, TrainerConfig(micro_batch_size=4, lr=1e-3), algo, ModelConfig(),
+                           temperature=1.0, seed=0)
+    trajs = []
+    for reward, (first, second), key in ((1.0, (3, 1), "s1"), (0.0, (1, 2), "s2")):
+        t = Trajectory(group_id=0, reward=reward)
+        t.append([1, 2, 3], generated=False)
+        t.turns.append(Turn(0, 3, 3 + first, "s0", 0.0))
+        t.append(list(range(10, 10 + first)), generated=True, logprobs=[0.0] * first, versions=[0] * first)
+        t.append([4, 5], generated=False)
+        start = len(t.token_ids)
+        t.turns.append(Turn(0, start, start + second, key, reward))
+        t.append(list(range(20, 20 + second)), generated=True, logprobs=[0.0] * second, versions=[0] * second)
+        trajs.append(t)
+    logp, _ = trainer.logprobs(trainer.batch(trajs))  # the sampler's log-probs are the trainer's own
+    for row, t in zip(logp.tolist(), trajs):
+        for j in range(1, len(t.token_ids)):
+            if t.loss_mask[j]:
+                t.logprobs[j] = row[j - 1 - trainer.batch(trajs).start]
+    metrics = trainer.step([Group(0, 0, "x", trajs)])
+    # per token: episode 1: 3 x (0.5 + 0.5), 1 x 0.5; episode 2: 1 x (-0.5 - 0.5), 2 x -0.5
+    assert metrics["loss"] == pytest.approx(-(3 * 1.0 + 0.5 - 1.0 - 2 * 0.5) / 7, abs=1e-5)
+    assert metrics["advantage_abs_mean"] == pytest.approx(((3 + 0.5) / 4 + (1 + 1) / 3) / 2)
