@@ -420,6 +420,7 @@ class LoggingConfig:
     backends: list[str] = field(default_factory=lambda: ["jsonl", "tensorboard"])
     progress: bool = True
     plot: bool = True
+    level: str = "info"  # roll_agent's log lines on stderr (debug | info | warning | error); others' from warning
     project: str = "roll_agent"  # the W&B project / MLflow experiment
     run_name: str = ""  # "" = the output dir's name
     wandb_mode: str = "offline"  # offline (files only), online, disabled
@@ -433,6 +434,7 @@ class LoggingConfig:
             raise ConfigError("logging.backends must include jsonl: metrics.jsonl is what resume, curves.png and "
                               "the viewer read")
         _choice("logging", "wandb_mode", self.wandb_mode, ("offline", "online", "disabled"))
+        _choice("logging", "level", self.level, ("debug", "info", "warning", "error"))
 
 
 @dataclass

@@ -191,6 +191,8 @@ class AsyncController:
         self._last_counts = dict(stats.episodes)
         out.update(stats.accounting(), **stats.watchdog, **{f"proxy_{k}": v for k, v in stats.proxy_faults.items()},
                    env_worker_restarts=stats.env_worker_restarts)
+        if any("agent_calls" in t.metrics for t in trajs) or stats.agent_http:  # errors answered to agents so far
+            out.update({key: stats.agent_http.get(key, 0) for key in ("agent_http_4xx", "agent_http_5xx")})
         # which samples this step trained on: a resumed run can be checked never to train one twice
         out["trained_samples"] = [f"{t.group_id}:{t.env_id}" for t in trajs]
         now = time.perf_counter()

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
 import sys
 from pathlib import Path
 
@@ -50,7 +51,15 @@ def _in_hub_cache(name: str) -> bool:
         return False
 
 
+def setup_logging(level: str) -> None:
+    """The run's log lines on stderr: roll_agent's from `logging.level`, other libraries' warnings.
+    (A caller that configured logging itself keeps its handlers; only roll_agent's level is set.)"""
+    logging.basicConfig(format="[%(asctime)s] %(levelname)s %(name)s: %(message)s", level=logging.WARNING)
+    logging.getLogger("roll_agent").setLevel(level.upper())
+
+
 async def train(cfg: Config) -> int:
+    setup_logging(cfg.logging.level)
     transformers.utils.logging.disable_progress_bar()
     check_startup(cfg)
     out = Path(cfg.output_dir)

@@ -54,6 +54,8 @@ class AgentEndpoint:
         self.port = 0
         self.stats = {"requests": 0, "errors": 0, "ended": 0}
         self.error_codes: Counter = Counter()  # errors answered, by code
+        self.http_errors: Counter = Counter()  # errors answered, by class: agent_http_4xx, agent_http_5xx
+        self._logged_reasons: set[tuple] = set()  # (status, code): each logged once as a warning
         self.latency_s: list[float] = []  # the endpoint's own time per answered call, outside the proxy
         self._server = None
         self._serving: asyncio.Task | None = None
@@ -168,8 +170,16 @@ class AgentEndpoint:
             self.stats["ended" if ended else "errors"] += 1
             if not ended:
                 self.error_codes[exc.code or str(exc.status)] += 1
-                log.debug("agent endpoint: %s %s (session %s)", exc.status, exc.message,
-                          session.env_id if session is not None else "-")
+                self.http_errors[f"agent_http_{exc.status // 100}xx"] += 1
+                reason = (exc.status, exc.code or exc.param or exc.type)
+                first = reason not in self._logged_reasons
+                self._logged_reasons.add(reason)
+                log.log(logging.WARNING if first else logging.DEBUG,
+                        "agent endpoint answered %s to %s of session %s: %s%s", exc.status,
+                        "/v1" + request.url.path.rsplit("/v1", 1)[-1],
+                        session.env_id if session is not None else "(none)", exc.message,
+                        " (later answers for this reason are counted in metrics.jsonl, agent_http_*xx)" if first
+                        else "")
             return JSONResponse(exc.body(), status_code=exc.status)
 
     def _session(self, request) -> Session:

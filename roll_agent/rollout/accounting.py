@@ -50,13 +50,14 @@ class RolloutStats:
     proxy_faults: dict[str, int] = field(default_factory=dict)  # request_failures, engine_crashes
     watchdog: dict[str, int] = field(default_factory=dict)  # watchdog_* counters
     env_worker_restarts: int = 0  # env worker processes restarted after dying (rollout/env_workers.py)
+    agent_http: dict[str, int] = field(default_factory=dict)  # the agent endpoints' error answers, by class
 
     @classmethod
     def of(cls, episodes: dict, in_flight: int, proxy_stats: dict, watchdog: dict,
-           env_worker_restarts: int = 0) -> "RolloutStats":
+           env_worker_restarts: int = 0, agent_http: dict | None = None) -> "RolloutStats":
         """From a ledger's counts and an LLMProxy's `stats` dict (either runtime's)."""
         return cls(dict(episodes), in_flight, proxy_stats["gen_tokens"], {k: proxy_stats[k] for k in PROXY_FAULTS},
-                   watchdog, env_worker_restarts)
+                   watchdog, env_worker_restarts, dict(agent_http or {}))
 
     def accounting(self) -> dict:
         """Cumulative outcome counters and the identity `started == sum(outcomes) + in_flight`."""

@@ -65,7 +65,7 @@ class RolloutStack:
     def stats(self) -> RolloutStats:
         """The cumulative counters now (`.accounting()`: the episode identity check)."""
         return RolloutStats.of(self.buffer.ledger.counts, self.scheduler.num_in_flight, self.proxy.stats,
-                               self.watchdog.metrics(), self.workers.restarts())
+                               self.watchdog.metrics(), self.workers.restarts(), self.endpoint.http_errors)
 
     async def on_version(self, version: int) -> None:
         await self.buffer.set_version(version)

@@ -335,6 +335,7 @@ class EnvWorker:
 
         # agent envs' agents call this actor's own endpoint (a free port each: several actors per node)
         endpoint = AgentEndpoint(proxy, self.formatter, cfg.rollout, dataclasses.replace(cfg.endpoint, port=0))
+        self.endpoint = endpoint
 
         def manager(env_id, spec):
             return EnvManager(env_id, spec, self.formatter, proxy, cfg.rollout, self.executor, self.watchdog,
@@ -369,10 +370,10 @@ class EnvWorker:
     def snapshot(self) -> dict:
         if self.scheduler is None:
             return {"incarnation": self.incarnation, "state": None, "watchdog": {}, "oldest": [],
-                    "env_worker_restarts": 0}
+                    "env_worker_restarts": 0, "agent_http": {}}
         return {"incarnation": self.incarnation, "state": self.scheduler.state_dict(),
                 "watchdog": dict(self.watchdog.stats), "oldest": self.watchdog.oldest(),
-                "env_worker_restarts": self.env_workers.restarts()}
+                "env_worker_restarts": self.env_workers.restarts(), "agent_http": dict(self.endpoint.http_errors)}
 
     def stop(self) -> None:
         self._stop.set()

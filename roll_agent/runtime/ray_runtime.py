@@ -319,8 +319,11 @@ class RayRollout:
         flight as the env workers' ledger calls and puts left them, the proxy actor's counters."""
         snap = self.buffer_snapshot
         restarts = self.env_workers.restarts() + sum(s["env_worker_restarts"] for s in self.scheduler.snapshots)
+        agent_http = Counter(self.endpoint.http_errors)  # evaluation agents' calls, then each env worker's
+        for s in self.scheduler.snapshots:
+            agent_http.update(s["agent_http"])
         return RolloutStats.of(Counter(snap["counts"]), snap["in_flight"], self.proxy_stats, self.watchdog.metrics(),
-                               restarts)
+                               restarts, agent_http)
 
     def state_dict(self) -> dict:
         return {"buffer": self.buffer_snapshot["state"], "scheduler": self.scheduler.state_dict()}

@@ -20,7 +20,7 @@ from roll_agent.config import ConfigError
 
 log = logging.getLogger(__name__)
 STOP_TIMEOUT_S = 30.0  # a worker Ray cannot place again never answers its stop
-EMPTY = {"incarnation": -1, "state": None, "watchdog": {}, "oldest": [], "env_worker_restarts": 0}
+EMPTY = {"incarnation": -1, "state": None, "watchdog": {}, "oldest": [], "env_worker_restarts": 0, "agent_http": {}}
 
 
 async def restarted_pid(ping, name: str, stopping=lambda: False) -> int | None:

@@ -307,7 +307,7 @@ def test_an_agent_env_in_worker_processes_is_a_config_error():
 
 
 @pytest.mark.slow
-def test_bad_requests_get_json_errors_and_the_run_trains_on(tmp_path):
+def test_bad_requests_get_json_errors_and_the_run_trains_on(tmp_path, caplog):
     """A live run (real tiny model on the hf engine) whose agent sends, in every episode, token ids
     outside the vocabulary, negative and non-integer ids, an empty prompt, JSON nested 100,000
     deep and a body that is not UTF-8: each gets a JSON 400 naming what is wrong, the next call on
@@ -332,6 +332,11 @@ def test_bad_requests_get_json_errors_and_the_run_trains_on(tmp_path):
     assert all(r["agent_calls_per_episode"] == 1.0 for r in rows)  # only the good call was recorded
     files = list(marks.glob("task-*.json"))
     assert len(files) >= 4
+    # counted in metrics.jsonl (so far, every step), each reason logged once with its session
+    assert rows[-1]["agent_http_4xx"] >= len(HOSTILE_REQUESTS) * 4 and rows[-1]["agent_http_5xx"] == 0
+    warned = [r.getMessage() for r in caplog.records if r.name == "roll_agent.agents.server" and r.levelname == "WARNING"]
+    assert sum("outside this model's vocabulary" in m for m in warned) == 1, warned
+    assert all("of session " in m for m in warned), warned
     for f in files:
         answers = json.loads(f.read_text())
         assert answers.pop("good call after them")["status"] == 200
