@@ -16,6 +16,11 @@
    for the endpoint), at `--model-latency-s` per call (sleeping, no CPU), and with the default
    run's real model: the tiny Qwen2 (random weights) on the hf engine, which uses the CPU the
    agents' HTTP work also needs (the headline: what a user's run on this machine gets).
+3. Token reuse: the share of calls that extend their episode's sample (instead of forking a new
+   one) for agents that send the model's answers back their own way: a smolagents-style agent
+   (tool calls written back as assistant text "Calling tools: [...]", results as user
+   "Observation: ...") and an openai-SDK agent whose model writes text before its tool calls,
+   beside the plain three-turn agent; `--reuse-episodes` sessions each, on the scripted engine.
 
     PYTHONPATH=$PWD .venv/bin/python benchmarks/agent_endpoint.py [--calls 500 --sessions 256 --batches 3]
 """
@@ -51,6 +56,76 @@ async def three_turn_agent(task: dict, client) -> float:
         messages += [{"role": "assistant", "content": reply.choices[0].message.content},
                      {"role": "user", "content": f"task {task['id']} step {step}"}]
     return 1.0
+
+
+TOOLS = [{"type": "function", "function": {
+    "name": "add", "description": "Add two integers.",
+    "parameters": {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}}}}]
+TOOL_ANSWER = 'Let me add.\n<tool_call>\n{"name": "add", "arguments": {"a":1,"b":2}}\n</tool_call>'
+
+
+async def text_before_tool_call_agent(task: dict, client) -> float:
+    """An openai-SDK tool loop; the model writes a sentence before each tool call."""
+    messages = [{"role": "system", "content": "You add numbers."}, {"role": "user", "content": f"task {task['id']}"}]
+    for _ in range(TURNS):
+        message = (await client.chat.completions.create(model="m", messages=messages, tools=TOOLS)).choices[0].message
+        messages.append(message.model_dump(exclude_none=True))
+        if not message.tool_calls:
+            break
+        messages += [{"role": "tool", "tool_call_id": c.id, "content": "3"} for c in message.tool_calls]
+    return 1.0
+
+
+async def smolagents_style_agent(task: dict, client) -> float:
+    """smolagents' ToolCallingAgent memory: the model's text, then its tool calls written back as
+    assistant text, the results as a user "Observation:" (memory.py ActionStep.to_messages, roles
+    merged by get_clean_message_list)."""
+    messages = [{"role": "system", "content": "You add numbers."},
+                {"role": "user", "content": f"New task:\n{task['id']}"}]
+    for _ in range(TURNS):
+        message = (await client.chat.completions.create(model="m", messages=messages, tools=TOOLS)).choices[0].message
+        calls = [{"id": c.id, "type": "function", "function": {"name": c.function.name,
+                                                                "arguments": json.loads(c.function.arguments)}}
+                 for c in message.tool_calls or []]
+        text = (message.content or "").strip()
+        if calls:
+            text = (text + "\n" if message.content is not None else "") + "Calling tools:\n" + str(calls)
+        messages.append({"role": "assistant", "content": [{"type": "text", "text": text}]})
+        if not calls:
+            break
+        messages.append({"role": "user", "content": [{"type": "text", "text": "Observation:\n3"}]})
+    return 1.0
+
+
+async def token_reuse(formatter, agent, episodes: int) -> dict:
+    """`episodes` concurrent sessions of `agent` against a model that calls the tool until it has
+    TURNS - 1 results, then answers: how many of their calls extended their sample."""
+    def script(prompt_ids: list[int]) -> list[int]:
+        text = formatter.tokenizer.decode(prompt_ids, skip_special_tokens=False)
+        results = text.count("<tool_response>") + text.count("Observation:")
+        answer = TOOL_ANSWER if results < TURNS - 1 else "The sum is 3."
+        return formatter.encode(answer) + [formatter.end_of_turn_id]
+
+    import openai
+
+    from roll_agent.proxy.engines.scripted import ScriptedEngine
+    from roll_agent.rollout.stack import build_rollout
+
+    rollout = RolloutConfig(max_new_tokens=256, max_context_tokens=4096, max_turns=TURNS + 1)
+    stack = build_rollout(formatter, rollout, [sim_spec()], [ScriptedEngine(ScriptedEngineConfig(), script=script)])
+    try:
+        await stack.endpoint.start()
+        sessions = [stack.endpoint.open_session(f"reuse-{i}", Trajectory()) for i in range(episodes)]
+        clients = [openai.AsyncOpenAI(base_url=stack.endpoint.session_url(s), api_key="x") for s in sessions]
+        await asyncio.gather(*[agent({"id": i}, c) for i, c in enumerate(clients)])
+        await asyncio.gather(*[c.close() for c in clients])
+        total = lambda key: sum(s.metrics()[key] for s in sessions)  # noqa: E731
+        calls = total("agent_calls")
+        return {"extend_share": total("agent_extended") / calls, "fork_share": total("agent_forked") / calls,
+                "segments_per_episode": total("agent_segments") / episodes,
+                "retokenize_mismatch_share": total("agent_retokenize_mismatches") / calls}
+    finally:
+        await stack.close()
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -176,6 +251,12 @@ async def main(args) -> None:
     print(f"added by the endpoint: p50 {added['p50']:.2f} ms, p99 {added['p99']:.2f} ms "
           f"(server side alone, p50: {lat['server_p50_ms']:.2f} ms; target p50 <= 2 ms); with httpx as the "
           f"client: p50 {added['p50_httpx']:.2f} ms, p99 {added['p99_httpx']:.2f} ms\n", flush=True)
+    reuse = {name: await token_reuse(formatter, agent, args.reuse_episodes) for name, agent in (
+        ("plain three-turn agent", three_turn_agent), ("text before tool call", text_before_tool_call_agent),
+        ("smolagents-style", smolagents_style_agent))}
+    print(table([(name, r["extend_share"], r["fork_share"], r["segments_per_episode"], r["retokenize_mismatch_share"])
+                 for name, r in reuse.items()],
+                ("agent", "extend share", "fork share", "samples/episode", "re-tokenized differs")) + "\n", flush=True)
     with tempfile.TemporaryDirectory() as tmp:
         tasks = Path(tmp) / "tasks.jsonl"
         tasks.write_text("".join(json.dumps({"id": i}) + "\n" for i in range(1000)))
@@ -208,7 +289,11 @@ async def main(args) -> None:
                       server_p50_ms=lat["server_p50_ms"], sessions=args.sessions,
                       agent_vs_native_in_process=ratios["in process"], agent_workers=default_agent_workers(None),
                       agent_vs_native_scripted=ratios[names[1]], agent_vs_native_scripted_latency=ratios[names[2]],
-                      model_latency_ms=args.model_latency_s * 1e3))
+                      model_latency_ms=args.model_latency_s * 1e3,
+                      extend_share_text_before_tool_call=reuse["text before tool call"]["extend_share"],
+                      extend_share_smolagents=reuse["smolagents-style"]["extend_share"],
+                      fork_share_text_before_tool_call=reuse["text before tool call"]["fork_share"],
+                      fork_share_smolagents=reuse["smolagents-style"]["fork_share"]))
 
 
 if __name__ == "__main__":
@@ -217,4 +302,5 @@ if __name__ == "__main__":
     parser.add_argument("--sessions", type=int, default=256)
     parser.add_argument("--batches", type=int, default=3)
     parser.add_argument("--model-latency-s", type=float, default=0.05)
+    parser.add_argument("--reuse-episodes", type=int, default=32)
     asyncio.run(main(parser.parse_args()))

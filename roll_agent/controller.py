@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 from transformers import PreTrainedTokenizerBase
 
+from roll_agent.agents.sessions import FORK_REASONS
 from roll_agent.checkpoint import Checkpointer
 from roll_agent.config import CheckpointConfig, EvalConfig
 from roll_agent.metrics import MetricsLogger
@@ -59,10 +60,13 @@ def agent_metrics(trajs: list) -> dict[str, float]:
         return {}
     total = lambda key: sum(m[key] for m in agents)  # noqa: E731
     calls = max(total("agent_calls"), 1.0)
-    return {"agent_calls_per_episode": total("agent_calls") / len(agents),
-            "agent_segments_per_episode": total("agent_segments") / len(agents),
-            "agent_extend_share": total("agent_extended") / calls, "agent_fork_share": total("agent_forked") / calls,
-            "agent_retokenize_mismatches": total("agent_retokenize_mismatches")}
+    out = {"agent_calls_per_episode": total("agent_calls") / len(agents),
+           "agent_segments_per_episode": total("agent_segments") / len(agents),
+           "agent_extend_share": total("agent_extended") / calls, "agent_fork_share": total("agent_forked") / calls,
+           "agent_retokenize_mismatches": total("agent_retokenize_mismatches")}
+    for reason in FORK_REASONS:  # why calls forked: these shares add up to agent_fork_share
+        out[f"agent_fork_share_{reason}"] = total(f"agent_forked_{reason}") / calls
+    return out
 
 
 async def update_weights(rollout: Rollout, version: int) -> SyncReport:

@@ -272,12 +272,12 @@ class AgentEndpoint:
     async def _answer_chat(self, request, session: Session, req: api.ChatRequest):
         t0 = time.perf_counter()
         self._check_calls(session)
+        messages, tools = req.template_messages(), req.template_tools()
         try:
-            text = self.tokenizer.apply_chat_template(req.template_messages(), tools=req.template_tools(),
-                                                      tokenize=False, add_generation_prompt=True)
+            text = self.tokenizer.apply_chat_template(messages, tools=tools, tokenize=False, add_generation_prompt=True)
         except Exception as exc:  # the template rejects the conversation (roles out of order, ...)
             raise api.APIError(400, f"The chat template cannot render these messages: {exc}", param="messages") from exc
-        call = session.begin_text(text)
+        call = session.begin_chat(messages, tools, text)
         try:
             sampling = self._sampling(session, req, len(call.prompt_ids))
         except api.APIError:
@@ -290,6 +290,7 @@ class AgentEndpoint:
         calls = []
         if req.tool_choice != "none" and req.tools:
             content, calls = self.parse_tools(content)
+        session.answered(call, content, calls)  # recognised when the agent sends it back
         finish = "tool_calls" if calls else finish
         usage = {"prompt_tokens": len(call.prompt_ids), "completion_tokens": len(result.token_ids),
                  "total_tokens": len(call.prompt_ids) + len(result.token_ids)}

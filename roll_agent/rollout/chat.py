@@ -20,14 +20,20 @@ class ChatFormatter:
                 "The tokenizer has no chat template; give the model a chat template "
                 "(tokenizer.chat_template) or use an instruct checkpoint."
             )
+        # The first prompt (rendered with the generation prompt), then what the model samples, then
+        # the text between turns, must be how the template renders the two-turn conversation: the
+        # answer's text right after the first prompt. (An assistant turn rendered *last* may differ,
+        # as Qwen3's gains an empty <think> block there; an episode never renders one last.)
         base = [{"role": "system", "content": "S"}, {"role": "user", "content": "U"}]
-        one = self._render(base + [{"role": "assistant", "content": _ASSISTANT}], False)
+        first = self._render(base, True)
         two = self._render(
             base + [{"role": "assistant", "content": _ASSISTANT}, {"role": "user", "content": _OBS}], True
         )
-        cut = one.index(_ASSISTANT) + len(_ASSISTANT)
-        if two[:cut] != one[:cut] or _OBS not in two[cut:]:
-            raise ValueError("This chat template re-renders earlier turns; multi-turn token-in/token-out needs a prefix-stable template.")
+        cut = len(first) + len(_ASSISTANT)
+        if two[:cut] != first + _ASSISTANT or _OBS not in two[cut:]:
+            raise ValueError("This chat template re-renders earlier turns (the first prompt followed by the answer "
+                             "is not how it renders the conversation); multi-turn token-in/token-out needs a "
+                             "prefix-stable template.")
         self._between = two[cut:]  # e.g. "<|im_end|>\n<|im_start|>user\n{OBS}<|im_end|>\n<|im_start|>assistant\n"
         self.stop_token_ids = self._stop_ids()
         self._stop_texts = {tokenizer.decode([i]): i for i in self.stop_token_ids}

@@ -44,3 +44,27 @@ def test_saved_tokenizer_keeps_template_and_parser(tmp_path):
     build_tokenizer(["hello world"] * 5, vocab_size=280).save_pretrained(tmp_path)
     loaded = AutoTokenizer.from_pretrained(tmp_path)
     assert loaded.parse_response("<answer>3</answer><|im_end|>", prefix=PROMPT)["content"] == "<answer>3</answer>"
+
+
+def test_a_qwen3_style_template_plays_token_in_token_out():
+    """Qwen3's template renders an assistant turn that comes *last* with an empty <think> block, and
+    one followed by a user turn without it: the formatter reads the text between turns from the
+    latter (what an episode's next prompt is), so it accepts the template. A two-turn episode's
+    tokens are the template's rendering of the conversation, but for the thinking the model
+    sampled, which the episode keeps (the model saw it) and the template drops from old turns."""
+    from pathlib import Path
+
+    from roll_agent.rollout.chat import ChatFormatter
+    from roll_agent.tiny_model import build_tokenizer
+
+    tokenizer = build_tokenizer(["You play a game. left right up down", "<think> </think>"] * 10, vocab_size=300)
+    tokenizer.add_tokens(["<think>", "</think>", "<tool_call>", "</tool_call>"])
+    tokenizer.chat_template = (Path(__file__).parents[1] / "agents" / "templates" / "qwen3.jinja").read_text()
+    formatter = ChatFormatter(tokenizer)
+    answer = formatter.encode("<think>\nok\n</think>\n\nleft") + [formatter.end_of_turn_id]
+    ids = formatter.first_prompt("You play.", "start") + answer + formatter.next_turn("moved", True)
+    rendered = tokenizer.apply_chat_template(
+        [{"role": "system", "content": "You play."}, {"role": "user", "content": "start"},
+         {"role": "assistant", "content": "<think>\nok\n</think>\n\nleft"}, {"role": "user", "content": "moved"}],
+        tokenize=False, add_generation_prompt=True)
+    assert tokenizer.decode(ids, skip_special_tokens=False).replace("<think>\nok\n</think>\n\n", "") == rendered
