@@ -12,7 +12,20 @@ from typing import Any, Collection, Iterable, NotRequired, Protocol, TypedDict, 
 
 import torch
 
-from roll_agent.types import EngineOutput, GenerateRequest, GenerateResult, Group, SamplingParams, Status, Trajectory
+from roll_agent.types import (EngineOutput, GenerateRequest, GenerateResult, Group, SamplingParams, Status, TokenSink,
+                              Trajectory)
+
+
+class Unsupported(ValueError):
+    """What `Engine.generate` raises, before any work, for a request it cannot serve (`param`: the
+    SamplingParams field, e.g. top_logprobs); the proxy passes it on to the caller, not retried."""
+
+    def __init__(self, message: str, param: str = ""):
+        super().__init__(message, param)  # both in args: it pickles (an engine in a Ray actor)
+        self.message, self.param = message, param
+
+    def __str__(self) -> str:
+        return self.message
 
 
 @runtime_checkable
@@ -23,8 +36,11 @@ class Engine(Protocol):
     alive: bool  # False once the engine knows it crashed: the proxy takes it out of routing
     restartable: bool  # True: the proxy calls `async restart()` on a crashed engine, then re-syncs it
 
-    async def generate(self, prompt_ids: list[int], sampling: SamplingParams, request_id: str) -> EngineOutput:
-        """Generate; on `abort(request_id)` return at once with the partial output and finish_reason 'abort'."""
+    async def generate(self, prompt_ids: list[int], sampling: SamplingParams, request_id: str,
+                       on_tokens: TokenSink | None = None) -> EngineOutput:
+        """Generate; on `abort(request_id)` return at once with the partial output and finish_reason 'abort'.
+        An engine that can stream calls `on_tokens` with its tokens as it samples them (a prefix of
+        the output it returns); one that cannot ignores it."""
 
     async def abort(self, request_id: str) -> None: ...
 
@@ -58,7 +74,8 @@ class Proxy(Protocol):
     version: int  # the weights it serves now: dates an episode's start
 
     async def generate(self, request: GenerateRequest) -> GenerateResult:
-        """Raises GenerationAborted once `abort(request.env_id)` was called."""
+        """Raises GenerationAborted once `abort(request.env_id)` was called, Unsupported for what its
+        engines cannot serve. Passes the tokens to `request.on_tokens` as they come, where it can."""
 
     def clear_abort(self, env_id: str) -> None:
         """A notification (returns nothing): the env may generate again."""

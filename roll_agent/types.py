@@ -7,6 +7,7 @@ import hashlib
 import itertools
 import uuid
 from dataclasses import dataclass, field
+from typing import Callable
 
 
 class Status(str, enum.Enum):
@@ -45,6 +46,12 @@ class SamplingParams:
     top_p: float = 1.0
     greedy: bool = False
     stop_token_ids: tuple[int, ...] = ()
+    top_logprobs: int = 0  # k > 0: each token's k likeliest alternatives too (same log-prob convention)
+
+
+# what an engine (and the proxy) calls with each run of tokens as they are sampled: their ids,
+# log-probs and, when asked, their top-k alternatives (one list of (token id, log-prob) per token)
+TokenSink = Callable[[list[int], list[float], list[list[tuple[int, float]]] | None], None]
 
 
 @dataclass
@@ -53,6 +60,11 @@ class GenerateRequest:
     sampling: SamplingParams = field(default_factory=SamplingParams)
     env_id: str = ""
     request_id: str = field(default_factory=next_request_id)
+    # called with the answer's tokens as they are sampled (an engine that cannot stream: at the end
+    # of its call), each once and in order: together they are the result's token_ids
+    # (roll_agent/proxy/llm_proxy.py). It stays in the caller's process: a proxy in another one
+    # (Ray) never calls it, and the caller has the answer when generate returns
+    on_tokens: TokenSink | None = field(default=None, repr=False, compare=False)
 
 
 @dataclass
@@ -62,6 +74,7 @@ class EngineOutput:
     token_ids: list[int]
     logprobs: list[float]
     finish_reason: str  # "stop" | "length" | "abort"
+    top_logprobs: list[list[tuple[int, float]]] | None = None  # per token, when sampling.top_logprobs > 0
 
 
 @dataclass
@@ -74,6 +87,7 @@ class GenerateResult:
     finish_reason: str  # "stop" | "length"
     request_id: str = ""
     num_reissues: int = 0
+    top_logprobs: list[list[tuple[int, float]]] | None = None  # per token, when sampling.top_logprobs > 0
 
 
 def state_key(observation, info: dict) -> str:

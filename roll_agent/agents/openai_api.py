@@ -81,6 +81,10 @@ class _Sampling(_Lenient):
             return []
         return [self.stop] if isinstance(self.stop, str) else [s for s in self.stop if s]
 
+    @property
+    def include_usage(self) -> bool:
+        return bool((self.stream_options or {}).get("include_usage"))
+
 
 class ChatRequest(_Sampling):
     messages: list[Message] = Field(min_length=1)
@@ -90,9 +94,25 @@ class ChatRequest(_Sampling):
     logprobs: Optional[bool] = None
     top_logprobs: Optional[int] = Field(None, ge=0, le=20)
 
+    @field_validator("top_logprobs")
+    @classmethod
+    def _with_logprobs(cls, value, info):
+        if value and not info.data.get("logprobs"):
+            raise ValueError("top_logprobs needs logprobs: true")
+        return value
+
     @property
     def token_limit(self) -> Optional[int]:
         return self.max_completion_tokens or self.max_tokens
+
+    @property
+    def with_logprobs(self) -> bool:
+        return bool(self.logprobs)
+
+    @property
+    def alternatives(self) -> int:
+        """How many likeliest tokens to give beside each sampled one."""
+        return self.top_logprobs or 0
 
     def template_messages(self) -> list[dict]:
         return [_template_message(m) for m in self.messages]
@@ -111,6 +131,14 @@ class CompletionRequest(_Sampling):
     @property
     def token_limit(self) -> Optional[int]:
         return self.max_tokens
+
+    @property
+    def with_logprobs(self) -> bool:
+        return self.logprobs is not None
+
+    @property
+    def alternatives(self) -> int:
+        return self.logprobs or 0
 
 
 def parse(model: type[BaseModel], body: bytes) -> Any:
@@ -185,7 +213,13 @@ def parse_hermes(text: str) -> tuple[str, list[dict]]:
     """Hermes / Qwen convention: `<tool_call>{"name": ..., "arguments": {...}}</tool_call>` blocks
     after the content. A block that is not a JSON call stays in the content (the agent sees
     what the model wrote)."""
-    calls, spans = [], []
+    content, calls = split_hermes(text)
+    return (content.rstrip() if calls else content), calls
+
+
+def split_hermes(text: str) -> tuple[str, list[dict]]:
+    """parse_hermes before it strips the content's trailing whitespace (an answer with calls ends without it)."""
+    calls, pieces, last = [], [], 0
     for match in HERMES.finditer(text):
         try:
             call = json.loads(match.group(1))
@@ -197,15 +231,10 @@ def parse_hermes(text: str) -> tuple[str, list[dict]]:
         calls.append({"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
                       "function": {"name": name, "arguments": arguments if isinstance(arguments, str)
                                    else json.dumps(arguments, ensure_ascii=False)}})
-        spans.append(match.span())
-    if not calls:
-        return text, []
-    pieces, last = [], 0
-    for start, end in spans:  # text between or after the calls (rare) is kept: nothing the model wrote is lost
-        pieces.append(text[last:start])
-        last = end
-    pieces.append(text[last:])
-    return "".join(pieces).rstrip(), calls
+        pieces.append(text[last:match.start()])
+        last = match.end()
+    pieces.append(text[last:])  # text between or after the calls (rare) is kept: nothing the model wrote is lost
+    return "".join(pieces), calls
 
 
 TOOL_PARSERS: dict[str, Callable[[str], tuple[str, list[dict]]]] = {"hermes": parse_hermes}
@@ -235,29 +264,15 @@ def chat_response(model: str, content: str, tool_calls: list[dict], finish: str,
             "model": model, "choices": [choice], "usage": usage}
 
 
-def chat_chunks(model: str, content: str, tool_calls: list[dict], finish: str, usage: dict,
-                logprobs: list[dict] | None, include_usage: bool) -> list[dict]:
-    """The stream of one answer: a role chunk, the content, each tool call, the finish reason
-    and (asked with stream_options.include_usage) a usage chunk with no choices."""
-    base = {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion.chunk", "created": int(time.time()),
-            "model": model}
-
-    def chunk(delta: dict, finish_reason=None, lp=None) -> dict:
-        return {**base, "choices": [{"index": 0, "delta": delta, "finish_reason": finish_reason,
-                                     "logprobs": {"content": lp} if lp is not None else None}]}
-
-    out = [chunk({"role": "assistant", "content": ""})]
-    if content:
-        out.append(chunk({"content": content}, lp=logprobs))
-    for i, call in enumerate(tool_calls):
-        out.append(chunk({"tool_calls": [{"index": i, **call}]}))
-    out.append(chunk({}, finish))
-    if include_usage:
-        out.append({**base, "choices": [], "usage": usage})
-    return out
-
-
 def completion_response(model: str, text: str, finish: str, usage: dict, logprobs: dict | None) -> dict:
     return {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time()),
             "model": model, "choices": [{"index": 0, "text": text, "finish_reason": finish, "logprobs": logprobs}],
             "usage": usage}
+
+
+def legacy_logprobs(entries: list[dict], alternatives: bool) -> dict:
+    """/v1/completions' log-probs (the legacy shape) from chat-style entries: `top_logprobs` one
+    {token: log-prob} dict per token when alternatives were asked for."""
+    return {"tokens": [e["token"] for e in entries], "token_logprobs": [e["logprob"] for e in entries],
+            "top_logprobs": [{a["token"]: a["logprob"] for a in e["top_logprobs"]} for e in entries]
+            if alternatives else None, "text_offset": None}

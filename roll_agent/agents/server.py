@@ -6,9 +6,14 @@ by its base URL `http://127.0.0.1:PORT/s/<key>/v1` or by the key as its API key 
 `/v1` base URL; every call of the session is recorded in order (roll_agent/agents/sessions.py).
 
     POST /v1/chat/completions   messages, tools, tool_choice, max_tokens / max_completion_tokens,
-                                stop, logprobs, stream (SSE, with a final usage chunk when asked)
-    POST /v1/completions        a text or token-id prompt
+                                stop, logprobs, top_logprobs, stream (SSE, with a final usage chunk when asked)
+    POST /v1/completions        a text or token-id prompt, logprobs (k alternatives), echo, stream
     GET  /v1/models
+
+Streaming sends the answer as the engine samples it, through the proxy's token sink
+(`GenerateRequest.on_tokens`; roll_agent/agents/streaming.py): content deltas as the text is
+decided, tool calls as OpenAI tool-call deltas, then the finish reason and the usage, sent once
+the session has recorded the answer. What the client accumulates is the non-streamed answer.
 
 Sampling: a training episode samples at the rollout's temperature / top_p whatever the agent
 asks (RL needs the policy's own distribution; `endpoint.honor_sampling` passes the agent's
@@ -17,9 +22,9 @@ answer the agent sees; the tokens sampled past them stay recorded (the model saw
 
 A weight update is invisible to agents: the proxy re-issues a request suspended mid-answer, so
 it returns later with per-token versions showing the switch. Errors are OpenAI-style JSON:
-400 for a malformed request (the field named), 401 without a key, 404 for an unknown or ended
-session, 413 for a body over `endpoint.max_request_mb`, 503 while shutting down. A client that
-goes away has its request aborted in the engine.
+400 for a malformed request or one the engine cannot serve (the field named), 401 without a
+key, 404 for an unknown or ended session, 413 for a body over `endpoint.max_request_mb`, 503
+while shutting down. A client that goes away has its request aborted in the engine.
 """
 
 from __future__ import annotations
@@ -32,10 +37,12 @@ import time
 from collections import Counter
 
 from roll_agent.agents import openai_api as api
-from roll_agent.agents.workers import AgentWorkers, default_agent_workers
 from roll_agent.agents.sessions import Call, Session
+from roll_agent.agents.streaming import ChatStream, CompletionStream, Decoding, stop_decided
+from roll_agent.agents.workers import AgentWorkers, default_agent_workers
 from roll_agent.config import EndpointConfig, RolloutConfig
-from roll_agent.types import GenerateRequest, GenerateResult, SamplingParams, Trajectory
+from roll_agent.protocols import Unsupported
+from roll_agent.types import GenerateRequest, GenerateResult, SamplingParams, TokenSink, Trajectory
 
 log = logging.getLogger(__name__)
 
@@ -150,37 +157,39 @@ class AgentEndpoint:
         self.stats["requests"] += 1
         session = None
         try:
-            try:
-                if self._closing:
-                    raise api.APIError(503, "The endpoint is shutting down.", "service_unavailable")
-                session = self._session(request)
-                body = await self._body(request)
-                parsed = api.parse(model, body)
-                return await answer(request, session, parsed)
-            except api.APIError:
-                raise
-            except Exception as exc:  # a bug or an input nothing above foresaw: a JSON 500, the run goes on
-                log.exception("agent endpoint: %s failed", request.url.path)
-                raise api.APIError(500, f"The endpoint failed on this request: {type(exc).__name__}: {exc}",
-                                   "server_error") from exc
-        except api.APIError as exc:
-            # a request cut by its episode's end (a redundant or stale episode cancelled) or by the
-            # run's is no error: its agent is cancelled with it and sees no answer
-            ended = exc.code == "session_ended" or self._closing
-            self.stats["ended" if ended else "errors"] += 1
-            if not ended:
-                self.error_codes[exc.code or str(exc.status)] += 1
-                self.http_errors[f"agent_http_{exc.status // 100}xx"] += 1
-                reason = (exc.status, exc.code or exc.param or exc.type)
-                first = reason not in self._logged_reasons
-                self._logged_reasons.add(reason)
-                log.log(logging.WARNING if first else logging.DEBUG,
-                        "agent endpoint answered %s to %s of session %s: %s%s", exc.status,
-                        "/v1" + request.url.path.rsplit("/v1", 1)[-1],
-                        session.env_id if session is not None else "(none)", exc.message,
-                        " (later answers for this reason are counted in metrics.jsonl, agent_http_*xx)" if first
-                        else "")
-            return JSONResponse(exc.body(), status_code=exc.status)
+            if self._closing:
+                raise api.APIError(503, "The endpoint is shutting down.", "service_unavailable")
+            session = self._session(request)
+            body = await self._body(request)
+            parsed = api.parse(model, body)
+            return await answer(request, session, parsed)
+        except Exception as exc:
+            error = self._error(request, session, exc)
+            return JSONResponse(error.body(), status_code=error.status)
+
+    def _error(self, request, session: Session | None, exc: Exception) -> api.APIError:
+        """The error answer for `exc` (in a stream: its error event), counted, its reason's first logged.
+        Anything but an APIError is a bug or an input nothing foresaw: a JSON 500, the run goes on."""
+        if not isinstance(exc, api.APIError):
+            log.exception("agent endpoint: %s failed", request.url.path, exc_info=exc)
+            exc = api.APIError(500, f"The endpoint failed on this request: {type(exc).__name__}: {exc}", "server_error")
+        # a request cut by its episode's end (a redundant or stale episode cancelled) or by the
+        # run's is no error: its agent is cancelled with it and sees no answer
+        ended = exc.code == "session_ended" or self._closing
+        self.stats["ended" if ended else "errors"] += 1
+        if ended:
+            return exc
+        self.error_codes[exc.code or str(exc.status)] += 1
+        self.http_errors[f"agent_http_{exc.status // 100}xx"] += 1
+        reason = (exc.status, exc.code or exc.param or exc.type)
+        first = reason not in self._logged_reasons
+        self._logged_reasons.add(reason)
+        log.log(logging.WARNING if first else logging.DEBUG,
+                "agent endpoint answered %s to %s of session %s: %s%s", exc.status,
+                "/v1" + request.url.path.rsplit("/v1", 1)[-1], session.env_id if session is not None else "(none)",
+                exc.message, " (later answers for this reason are counted in metrics.jsonl, agent_http_*xx)" if first
+                else "")
+        return exc
 
     def _session(self, request) -> Session:
         key = request.path_params.get("key")
@@ -231,7 +240,8 @@ class AgentEndpoint:
             temperature=req.temperature if honor and req.temperature is not None else self.rollout.temperature,
             top_p=req.top_p if honor and req.top_p is not None else self.rollout.top_p,
             greedy=session.greedy or (honor and req.temperature == 0),
-            stop_token_ids=self.formatter.stop_token_ids)
+            stop_token_ids=self.formatter.stop_token_ids,
+            top_logprobs=req.alternatives)
 
     def _check_calls(self, session: Session) -> None:
         if session.max_calls and session.calls >= session.max_calls:
@@ -239,9 +249,11 @@ class AgentEndpoint:
             raise api.APIError(400, f"This episode has made rollout.max_turns={session.max_calls} model calls.",
                                code="max_turns_exceeded")
 
-    async def _generate(self, request, session: Session, call: Call, sampling: SamplingParams) -> GenerateResult:
+    async def _generate(self, request, session: Session, call: Call, sampling: SamplingParams,
+                        on_tokens: TokenSink | None = None) -> GenerateResult:
         """The proxy's answer to `call`, recorded; the request is aborted if the client goes away."""
-        gen = asyncio.create_task(self.proxy.generate(GenerateRequest(call.prompt_ids, sampling, session.env_id)))
+        gen = asyncio.create_task(self.proxy.generate(GenerateRequest(call.prompt_ids, sampling, session.env_id,
+                                                                      on_tokens=on_tokens)))
         session.tasks.add(gen)
         gone = asyncio.create_task(_disconnected(request))
         try:
@@ -254,8 +266,9 @@ class AgentEndpoint:
             if gen.cancelled():
                 raise api.APIError(404, "The session's episode ended during this request.", "not_found_error",
                                    code="session_ended")
-            if gen.exception() is not None:
-                exc = gen.exception()
+            if isinstance(exc := gen.exception(), Unsupported):  # what the engine cannot give
+                raise api.APIError(400, exc.message, param=exc.param, code="unsupported_parameter")
+            if exc is not None:
                 raise api.APIError(500, f"Generation failed: {type(exc).__name__}: {exc}", "server_error")
             result = gen.result()
             session.finish(call, result)
@@ -268,6 +281,65 @@ class AgentEndpoint:
         finally:
             session.tasks.discard(gen)
             gone.cancel()
+
+    async def _stream(self, request, session: Session, call: Call, sampling: SamplingParams, req, stream, close,
+                      setup_s: float = 0.0):
+        """Answer `call` as server-sent events while the engine samples it. The response starts with
+        the first tokens (a failure before them is an HTTP error, after them an error event); `stream`
+        (roll_agent/agents/streaming.py) sends the text as far as it is decided, with the log-probs of
+        the tokens it shows; `close(result)` gives the recorded answer's deltas left, its finish
+        reason, usage and log-prob entries. An engine (or a proxy in another process) that does not
+        stream gives the whole answer at the end: one delta."""
+        arrived: asyncio.Queue = asyncio.Queue()  # runs of tokens as they are sampled; None once generation ended
+
+        def ended(task: asyncio.Task) -> None:
+            arrived.put_nowait(None)
+            if not task.cancelled():
+                task.exception()  # read here too: a stream its client left never reads it
+
+        gen = asyncio.create_task(self._generate(request, session, call, sampling,
+                                                 lambda *tokens: arrived.put_nowait(tokens)))
+        gen.add_done_callback(ended)
+        try:
+            first = await arrived.get()
+        except BaseException:  # this handler cancelled (the server closing)
+            gen.cancel()
+            raise
+        if first is None:
+            await gen  # failed: an HTTP error; else the answer came whole
+
+        async def events():
+            decoding, sent, stopped = Decoding(self.formatter), 0, False
+            try:
+                chunks, tokens = stream.start(), first
+                while tokens is not None:
+                    decoding.add(*tokens)
+                    if not stopped:
+                        upto, stopped = stop_decided(decoding.text, req.stops)
+                        deltas = stream.update(decoding.text[:upto])
+                        shown = decoding.shown(stream.released) if req.with_logprobs else sent
+                        chunks += stream.chunks(deltas, [self._entry(*t) for t in zip(
+                            decoding.ids[sent:shown], decoding.logprobs[sent:shown], decoding.top[sent:shown])])
+                        sent = shown
+                    if chunks:
+                        yield _events(chunks)
+                    chunks, tokens = [], await arrived.get()
+                result = gen.result()
+                t2 = time.perf_counter()
+                deltas, finish, usage, entries = close(result)
+                chunks += stream.chunks(deltas, (entries or [])[sent:])
+                chunks += stream.last(finish, usage if req.include_usage else None)
+                self.latency_s.append(setup_s + time.perf_counter() - t2)
+                yield _events(chunks) + "data: [DONE]\n\n"
+            except Exception as exc:
+                yield _events([self._error(request, session, exc).body()])
+            finally:
+                if not gen.done():  # the client went away, or the server is closing
+                    gen.cancel()
+
+        from starlette.responses import StreamingResponse
+
+        return StreamingResponse(events(), media_type="text/event-stream")
 
     async def _answer_chat(self, request, session: Session, req: api.ChatRequest):
         t0 = time.perf_counter()
@@ -283,23 +355,33 @@ class AgentEndpoint:
         except api.APIError:
             session.abandon(call)
             raise
+        parse = self.parse_tools if req.tool_choice != "none" and req.tools else None
         t1 = time.perf_counter()
+
+        def answer(result: GenerateResult):
+            content, finish, kept = self._cut(result, req.stops)
+            calls = []
+            if parse is not None:
+                content, calls = parse(content)
+            finish = "tool_calls" if calls else finish
+            logprobs = self._logprobs(result, kept) if req.with_logprobs else None
+            return content, calls, finish, _usage(call, result), logprobs
+
+        if req.stream:
+            stream = ChatStream(self.cfg.model_name, parse)
+
+            def close(result: GenerateResult):
+                content, calls, finish, usage, logprobs = answer(result)
+                deltas, calls = stream.end(content, calls)
+                session.answered(call, content, calls)  # recognised when the agent sends it back
+                return deltas, finish, usage, logprobs
+
+            return await self._stream(request, session, call, sampling, req, stream, close, t1 - t0)
         result = await self._generate(request, session, call, sampling)
         t2 = time.perf_counter()
-        content, finish, kept = self._cut(result, req.stops)
-        calls = []
-        if req.tool_choice != "none" and req.tools:
-            content, calls = self.parse_tools(content)
+        content, calls, finish, usage, logprobs = answer(result)
         session.answered(call, content, calls)  # recognised when the agent sends it back
-        finish = "tool_calls" if calls else finish
-        usage = {"prompt_tokens": len(call.prompt_ids), "completion_tokens": len(result.token_ids),
-                 "total_tokens": len(call.prompt_ids) + len(result.token_ids)}
-        logprobs = self._logprobs(result, kept) if req.logprobs else None
         self.latency_s.append(time.perf_counter() - t2 + (t1 - t0))
-        if req.stream:
-            include_usage = bool((req.stream_options or {}).get("include_usage"))
-            chunks = api.chat_chunks(self.cfg.model_name, content, calls, finish, usage, logprobs, include_usage)
-            return _sse(chunks)
         from starlette.responses import JSONResponse
 
         return JSONResponse(api.chat_response(self.cfg.model_name, content, calls, finish, usage, logprobs))
@@ -319,23 +401,24 @@ class AgentEndpoint:
         except api.APIError:
             session.abandon(call)
             raise
-        result = await self._generate(request, session, call, sampling)
-        text, finish, kept = self._cut(result, req.stops)
-        usage = {"prompt_tokens": len(call.prompt_ids), "completion_tokens": len(result.token_ids),
-                 "total_tokens": len(call.prompt_ids) + len(result.token_ids)}
-        logprobs = None
-        if req.logprobs is not None:
-            entries = self._logprobs(result, kept)
-            logprobs = {"tokens": [e["token"] for e in entries], "token_logprobs": [e["logprob"] for e in entries],
-                        "top_logprobs": None, "text_offset": None}
+
+        def answer(result: GenerateResult):
+            text, finish, kept = self._cut(result, req.stops)
+            return text, finish, _usage(call, result), self._logprobs(result, kept) if req.with_logprobs else None
+
+        if req.stream:
+            stream = CompletionStream(self.cfg.model_name, call.text if req.echo else "", req.alternatives > 0)
+
+            def close(result: GenerateResult):
+                text, finish, usage, logprobs = answer(result)
+                return stream.end(text), finish, usage, logprobs
+
+            return await self._stream(request, session, call, sampling, req, stream, close)
+        text, finish, usage, logprobs = answer(await self._generate(request, session, call, sampling))
+        if logprobs is not None:
+            logprobs = api.legacy_logprobs(logprobs, req.alternatives > 0)
         if req.echo:
             text = call.text + text
-        if req.stream:
-            base = api.completion_response(self.cfg.model_name, text, finish, usage, logprobs)
-            chunks = [{**base, "object": "text_completion"}]
-            if (req.stream_options or {}).get("include_usage"):
-                chunks.append({**base, "choices": [], "usage": usage})
-            return _sse(chunks)
         from starlette.responses import JSONResponse
 
         return JSONResponse(api.completion_response(self.cfg.model_name, text, finish, usage, logprobs))
@@ -362,11 +445,22 @@ class AgentEndpoint:
         return text, finish, kept
 
     def _logprobs(self, result: GenerateResult, kept: int) -> list[dict]:
-        out = []
-        for token, logprob in list(zip(result.token_ids, result.logprobs))[:kept]:
-            piece = self.tokenizer.decode([token])
-            out.append({"token": piece, "logprob": logprob, "bytes": list(piece.encode()), "top_logprobs": []})
-        return out
+        """The log-prob entries of the answer's first `kept` tokens (those the agent sees)."""
+        top = result.top_logprobs or [None] * len(result.token_ids)
+        return [self._entry(*t) for t in list(zip(result.token_ids, result.logprobs, top))[:kept]]
+
+    def _entry(self, token: int, logprob: float, top: list[tuple[int, float]] | None) -> dict:
+        """One token's log-prob entry, with its likeliest alternatives when they were asked for."""
+        return {**self._piece(token, logprob), "top_logprobs": [self._piece(*alt) for alt in top or []]}
+
+    def _piece(self, token: int, logprob: float) -> dict:
+        piece = self.tokenizer.decode([token])
+        return {"token": piece, "logprob": logprob, "bytes": list(piece.encode())}
+
+
+def _usage(call: Call, result: GenerateResult) -> dict:
+    return {"prompt_tokens": len(call.prompt_ids), "completion_tokens": len(result.token_ids),
+            "total_tokens": len(call.prompt_ids) + len(result.token_ids)}
 
 
 async def _disconnected(request) -> None:
@@ -377,12 +471,5 @@ async def _disconnected(request) -> None:
             return
 
 
-def _sse(chunks: list[dict]):
-    from starlette.responses import StreamingResponse
-
-    async def events():
-        for chunk in chunks:
-            yield f"data: {json.dumps(chunk)}\n\n"
-        yield "data: [DONE]\n\n"
-
-    return StreamingResponse(events(), media_type="text/event-stream")
+def _events(chunks: list[dict]) -> str:
+    return "".join(f"data: {json.dumps(chunk)}\n\n" for chunk in chunks)

@@ -4,7 +4,10 @@ Routing is least-loaded first, then sticky per env (prefix-cache reuse). A weigh
 update is suspend -> update -> resume: suspend stops dispatch and aborts in-flight
 requests (or lets them drain); each aborted request keeps its partial tokens and is
 re-issued from its prefix after resume, so callers never see the abort and per-token
-versions show the switch.
+versions show the switch. A request with a token sink (`GenerateRequest.on_tokens`) gets its
+tokens as the engine samples them (an engine that cannot stream: each engine call's at its
+end), across re-issues each once: what was streamed stays in the answer, also when the engine
+call then fails.
 
 The proxy owns its WeightSync (roll_agent/protocols.py): the controller's update is
 `suspend(); push_weights(version); resume()`, and a restarted engine is pushed the
@@ -20,13 +23,15 @@ push) is taken out of routing, restarted in the background when it can be
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
+from dataclasses import dataclass
 
 from roll_agent.config import ProxyConfig
-from roll_agent.protocols import SyncReport, WeightSync
+from roll_agent.protocols import SyncReport, Unsupported, WeightSync
 from roll_agent.sync.inprocess import VersionOnlySync
-from roll_agent.types import GenerateRequest, GenerateResult, SamplingParams
+from roll_agent.types import GenerateRequest, GenerateResult, TokenSink
 from roll_agent.watchdog import Watchdog
 
 log = logging.getLogger(__name__)
@@ -69,9 +74,7 @@ class LLMProxy:
 
     # ---- callers -------------------------------------------------------
     async def generate(self, request: GenerateRequest) -> GenerateResult:
-        tokens: list[int] = []
-        logprobs: list[float] = []
-        versions: list[int] = []
+        answer = _Answer(request.on_tokens, request.sampling.top_logprobs > 0)
         attempt = failures = 0
         failed_on: set[int] = set()  # engines this request failed on: tried last
         self.stats["requests"] += 1
@@ -82,38 +85,45 @@ class LLMProxy:
             idx = await self._route_live(request.env_id, failed_on)
             version = self.version
             sub_id = f"{request.request_id}.{attempt}"
-            sampling = _remaining(request.sampling, len(tokens))
+            sampling = dataclasses.replace(request.sampling,
+                                           max_new_tokens=request.sampling.max_new_tokens - len(answer.tokens))
+            streamed = _Streamed(answer, version) if request.on_tokens else None
             self._inflight[sub_id] = (idx, request.env_id, request.request_id)
             self._load[idx] += 1
             self._drained.clear()
             try:
                 async with self.watchdog.watch("request", f"request {sub_id} of env {request.env_id} on engine {idx}",
                                                self.watchdog.cfg.request_timeout_s):
-                    out = await self.engines[idx].generate(request.prompt_ids + tokens, sampling, sub_id)
+                    out = await self.engines[idx].generate(request.prompt_ids + answer.tokens, sampling, sub_id,
+                                                           on_tokens=streamed)
             except asyncio.CancelledError:
                 await self.engines[idx].abort(sub_id)
                 raise
+            except Unsupported:  # the request, not the engine: the caller is told
+                raise
             except Exception as exc:  # engine error, crash, or stuck past the watchdog: re-issue elsewhere
-                failures += 1
+                failures += 1  # (what it streamed stays: the caller has seen it, and it was sampled)
                 failed_on.add(idx)
                 await self._failed(idx, sub_id, request, exc, failures)
                 attempt += 1
                 continue
             finally:
+                if streamed is not None:
+                    streamed.open = False  # a late call from the engine is not part of the answer
                 self._load[idx] -= 1
                 del self._inflight[sub_id]
                 if not self._inflight:
                     self._drained.set()
-            tokens += out.token_ids
-            logprobs += out.logprobs
-            versions += [version] * len(out.token_ids)
+            done = streamed.count if streamed is not None else 0  # already in the answer
+            top = out.top_logprobs[done:] if out.top_logprobs is not None else None
+            answer.add(out.token_ids[done:], out.logprobs[done:], top, version)
             self.stats["gen_tokens"] += len(out.token_ids)
             if out.finish_reason != "abort":
-                return GenerateResult(tokens, logprobs, versions, out.finish_reason, request.request_id, attempt)
+                return answer.result(out.finish_reason, request.request_id, attempt)
             if request.env_id in self._aborted_envs:
                 raise GenerationAborted(request.env_id)
-            if len(tokens) >= request.sampling.max_new_tokens:
-                return GenerateResult(tokens, logprobs, versions, "length", request.request_id, attempt)
+            if len(answer.tokens) >= request.sampling.max_new_tokens:
+                return answer.result("length", request.request_id, attempt)
             attempt += 1
             self.stats["reissues"] += 1
 
@@ -233,13 +243,44 @@ class LLMProxy:
         await asyncio.gather(*(e.close() for e in self.engines))
 
 
-def _remaining(sampling: SamplingParams, used: int) -> SamplingParams:
-    if used == 0:
-        return sampling
-    return SamplingParams(
-        max_new_tokens=sampling.max_new_tokens - used,
-        temperature=sampling.temperature,
-        top_p=sampling.top_p,
-        greedy=sampling.greedy,
-        stop_token_ids=sampling.stop_token_ids,
-    )
+class _Answer:
+    """A request's tokens so far, over its re-issues. Each run added is passed on to the request's
+    sink at once: a streaming caller sees every token of the answer once, in order, and no other."""
+
+    def __init__(self, sink: TokenSink | None, top: bool):
+        self.sink = sink
+        self.tokens: list[int] = []
+        self.logprobs: list[float] = []
+        self.versions: list[int] = []
+        self.top: list | None = [] if top else None
+
+    def add(self, ids: list[int], logprobs: list[float], top: list | None, version: int) -> None:
+        if not ids:
+            return
+        if self.top is not None:
+            if top is None:
+                raise Unsupported("an engine returned no top_logprobs though they were asked for", "top_logprobs")
+            self.top += top
+        self.tokens += ids
+        self.logprobs += logprobs
+        self.versions += [version] * len(ids)
+        if self.sink is not None:
+            self.sink(ids, logprobs, top)
+
+    def result(self, finish_reason: str, request_id: str, reissues: int) -> GenerateResult:
+        return GenerateResult(self.tokens, self.logprobs, self.versions, finish_reason, request_id, reissues, self.top)
+
+
+@dataclass
+class _Streamed:
+    """One engine call's sink: the tokens it streams join the answer as they come, until the call is over."""
+
+    answer: _Answer
+    version: int
+    count: int = 0
+    open: bool = True
+
+    def __call__(self, ids: list[int], logprobs: list[float], top: list | None = None) -> None:
+        if self.open:
+            self.count += len(ids)
+            self.answer.add(ids, logprobs, top, self.version)

@@ -36,7 +36,7 @@ from roll_agent.runtime.forward import answer, answer_async, forwards
 from roll_agent.runtime.ray_supervisor import restarted_pid
 from roll_agent.sync import actors as actor_sync
 from roll_agent.sync.actors import BroadcastSync, ObjectStoreSync
-from roll_agent.types import EngineOutput, Group, Status
+from roll_agent.types import EngineOutput, GenerateRequest, GenerateResult, Group, Status
 from roll_agent.watchdog import Watchdog
 
 log = logging.getLogger(__name__)
@@ -77,7 +77,8 @@ class RemoteEngine:
         self.alive = False
         return EngineLost(f"engine {self.index} {why}")
 
-    async def generate(self, prompt_ids, sampling, request_id) -> EngineOutput:
+    async def generate(self, prompt_ids, sampling, request_id, on_tokens=None) -> EngineOutput:
+        """The actor's answer, whole: a token sink does not cross processes (`on_tokens` is not called)."""
         try:
             output, state = await call(self.handle.invoke.remote("generate", (prompt_ids, sampling, request_id), {}))
         except RayActorError as exc:
@@ -171,6 +172,12 @@ class RemoteProxy:
     def __init__(self, handle, version: int = 0):
         self.handle = handle
         self.version = version
+
+    async def generate(self, request: GenerateRequest) -> GenerateResult:
+        """The answer, whole: a token sink does not cross processes (the request goes without it)."""
+        result, state = await self._forward_async("generate", (dataclasses.replace(request, on_tokens=None),), {})
+        self.__dict__.update(state)
+        return result
 
     async def _forward_async(self, name: str, args: tuple, kwargs: dict):
         return await call(self.handle.invoke.remote(name, args, kwargs))

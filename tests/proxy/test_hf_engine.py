@@ -206,3 +206,27 @@ def test_requests_with_one_prompt_share_its_prefill_with_exact_logprobs(tiny_mod
         ref = _forward_logprobs(model, prompt, out.token_ids, 1.0)
         diff = (ref - torch.tensor(out.logprobs)).abs().max().item()
         assert diff <= 1e-3, diff
+
+
+def test_top_logprobs_are_the_forwards_likeliest_tokens_and_tokens_stream_per_step(tiny_model_dir):
+    """top_logprobs=3 at temperature 0.8: each token's alternatives are the top 3 of a transformers
+    forward's log_softmax(logits / 0.8) at its position, the sampled token's log-prob among them
+    where it is one; each decode step hands its token to on_tokens as it is sampled."""
+    engine = HFEngine(tiny_model_dir, EngineConfig(), ModelConfig(), seed=0)
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
+    prompt, streamed = [5, 9, 11, 20, 33], []
+    sampling = SamplingParams(max_new_tokens=10, temperature=0.8, top_logprobs=3)
+    out = run(engine.generate(prompt, sampling, "top", on_tokens=lambda *run_: streamed.append(run_)))
+    with torch.no_grad():
+        logits = model(torch.tensor([prompt + out.token_ids])).logits[0, len(prompt) - 1:-1].float() / 0.8
+    ref = torch.log_softmax(logits, -1)
+    assert len(out.top_logprobs) == len(out.token_ids) == 10
+    for i, (token, logprob, alternatives) in enumerate(zip(out.token_ids, out.logprobs, out.top_logprobs)):
+        ids = [t for t, _ in alternatives]
+        values = torch.tensor([v for _, v in alternatives])
+        assert len(set(ids)) == 3
+        assert torch.allclose(values, ref[i].topk(3).values, atol=1e-3)  # the 3 likeliest values
+        assert torch.allclose(values, ref[i, ids], atol=1e-3)  # and these tokens have them
+        assert all(abs(v - logprob) < 1e-6 for t, v in alternatives if t == token)
+    assert [run_[0] for run_ in streamed] == [[t] for t in out.token_ids]  # one token per step, in order
+    assert [a for run_ in streamed for a in run_[2]] == out.top_logprobs

@@ -138,3 +138,53 @@ def test_cancelling_the_caller_aborts_the_engine_request():
         assert engine.aborted_ids and proxy.num_inflight == 0
 
     run(go())
+
+
+def _streamed(i: int, seen: list, top: int = 0) -> GenerateRequest:
+    request = _request(i)
+    request.sampling.top_logprobs = top
+    request.on_tokens = lambda ids, logprobs, alternatives: seen.append((ids, logprobs, alternatives))
+    return request
+
+
+def test_a_streamed_request_gets_each_token_once_in_order_across_a_suspend():
+    cfg = ScriptedEngineConfig(response_tokens=12, token_latency_s=0.004)
+
+    async def go():
+        expected = await LLMProxy([ScriptedEngine(cfg)]).generate(_request(3))
+        proxy = LLMProxy([ScriptedEngine(cfg)])
+        seen: list = []
+        call = asyncio.create_task(proxy.generate(_streamed(3, seen, top=2)))
+        while len(seen) < 3:
+            await asyncio.sleep(0.001)
+        await proxy.suspend()
+        await proxy.push_weights(1)
+        await proxy.resume()
+        return expected, await call, seen
+
+    expected, result, seen = run(go())
+    assert len(seen) == len(result.token_ids) > 3  # one run per token: the scripted engine streams
+    assert [t for ids, _, _ in seen for t in ids] == result.token_ids == expected.token_ids
+    assert [lp for _, lps, _ in seen for lp in lps] == result.logprobs
+    assert [a for _, _, alts in seen for a in alts] == result.top_logprobs
+    assert all(len(alts) == 2 and alts[0][0] == t for t, alts in zip(result.token_ids, result.top_logprobs))
+    assert set(result.versions) == {0, 1} and result.num_reissues == 1
+
+
+class _StreamsThenFails(ScriptedEngine):
+    """Streams two tokens, then fails the request."""
+
+    async def generate(self, prompt_ids, sampling, request_id, on_tokens=None):
+        on_tokens([11, 12], [-1.0, -1.0], None)
+        raise RuntimeError("the engine failed mid-answer")
+
+
+def test_what_was_streamed_stays_in_the_answer_when_the_engine_then_fails():
+    async def go():
+        proxy = LLMProxy([_StreamsThenFails(), ScriptedEngine(script=lambda prompt: [20, 21, STOP])])
+        seen: list = []
+        return await proxy.generate(_streamed(0, seen)), seen
+
+    result, seen = run(go())
+    assert result.token_ids == [11, 12, 20, 21, STOP]  # re-issued on the other engine from what it had streamed
+    assert [t for ids, _, _ in seen for t in ids] == result.token_ids

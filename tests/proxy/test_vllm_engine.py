@@ -138,6 +138,28 @@ def test_greedy_matches_argmax_and_stop_tokens_end_requests(engine, original):
     assert len(out2.token_ids) == out.token_ids.index(stop) + 1
 
 
+def test_top_logprobs_are_the_forwards_likeliest_tokens_and_tokens_stream(engine, original):
+    """top_logprobs=3: each token's alternatives are the top 3 of log_softmax(logits / temperature),
+    the sampled token's log-prob among them where it is one; tokens reach on_tokens as vLLM streams them."""
+    _load(engine, original, 0)
+    prompt, streamed = [5, 9, 11, 20, 33], []
+    sampling = SamplingParams(max_new_tokens=10, temperature=0.8, top_logprobs=3)
+    out = run(engine.generate(prompt, sampling, "top", on_tokens=lambda *run_: streamed.append(run_)))
+    with torch.no_grad():
+        logits = original(torch.tensor([prompt + out.token_ids])).logits[0, len(prompt) - 1:-1].float() / 0.8
+    ref = torch.log_softmax(logits, -1)
+    assert len(out.top_logprobs) == len(out.token_ids) == 10
+    for i, (token, logprob, alternatives) in enumerate(zip(out.token_ids, out.logprobs, out.top_logprobs)):
+        ids = [t for t, _ in alternatives]
+        values = torch.tensor([v for _, v in alternatives])
+        assert len(set(ids)) == 3
+        assert torch.allclose(values, ref[i].topk(3).values, atol=1e-2)
+        assert torch.allclose(values, ref[i, ids], atol=1e-2)
+        assert all(abs(v - logprob) < 1e-5 for t, v in alternatives if t == token)
+    assert [t for run_ in streamed for t in run_[0]] == out.token_ids
+    assert [a for run_ in streamed for a in run_[2]] == out.top_logprobs
+
+
 def test_abort_returns_partial_output_promptly(engine, original):
     _load(engine, original, 0)
 

@@ -9,6 +9,9 @@ plain full-attention ones, e.g. sliding-window layers, run as separate batches.)
 checked every token, so a suspend for a weight update returns partial outputs within
 one decode step. A prompt that starts with tokens the engine already computed (the
 episode's earlier turns, shared instructions) reuses their KV (`prefix_cache.py`).
+Each step's new tokens go to their request's `on_tokens` on the event loop; top-k
+alternatives (`sampling.top_logprobs`) come from the same log-softmax of logits / temperature
+as the sampled tokens' log-probs.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from transformers.cache_utils import DynamicCache, DynamicLayer
 from roll_agent.config import EngineConfig, ModelConfig
 from roll_agent.modeling import load_policy, logits_to_keep_kwargs, sync_parameters
 from roll_agent.proxy.engines.prefix_cache import KV, PrefixCache
-from roll_agent.types import EngineOutput, SamplingParams
+from roll_agent.types import EngineOutput, SamplingParams, TokenSink
 
 
 @dataclass
@@ -34,10 +37,19 @@ class _Pending:
     sampling: SamplingParams
     request_id: str
     future: asyncio.Future
+    on_tokens: TokenSink | None = None
     tokens: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
+    top: list[list[tuple[int, float]]] = field(default_factory=list)  # per token, when sampling.top_logprobs
+    reported: int = 0  # tokens given to on_tokens so far
     finish: str = ""
     cached: tuple[int, KV] | None = None  # a remembered prefix of the prompt: its length and KV
+
+    def report(self) -> None:
+        """Give on_tokens the tokens sampled since the last report."""
+        if self.on_tokens is not None and len(self.tokens) > self.reported:
+            n, self.reported = self.reported, len(self.tokens)
+            self.on_tokens(self.tokens[n:], self.logprobs[n:], self.top[n:] if self.sampling.top_logprobs else None)
 
 
 @dataclass
@@ -84,9 +96,10 @@ class HFEngine:
         per_token = sum(layer.keys.nbytes + layer.values.nbytes for layer in out.past_key_values.layers)
         return int(gib * 2**30 // per_token)
 
-    async def generate(self, prompt_ids: list[int], sampling: SamplingParams, request_id: str) -> EngineOutput:
+    async def generate(self, prompt_ids: list[int], sampling: SamplingParams, request_id: str,
+                       on_tokens: TokenSink | None = None) -> EngineOutput:
         self._ensure_worker()
-        item = _Pending(list(prompt_ids), sampling, request_id, asyncio.get_running_loop().create_future())
+        item = _Pending(list(prompt_ids), sampling, request_id, asyncio.get_running_loop().create_future(), on_tokens)
         self._queue.append(item)
         self._idle.clear()
         self._wakeup.set()
@@ -119,7 +132,8 @@ class HFEngine:
     def _finish(self, item: _Pending, reason: str) -> None:
         self._aborted.discard(item.request_id)
         if not item.future.done():
-            item.future.set_result(EngineOutput(item.tokens, item.logprobs, reason))
+            top = item.top if item.sampling.top_logprobs else None
+            item.future.set_result(EngineOutput(item.tokens, item.logprobs, reason, top))
 
     def _admit(self) -> None:
         """Start a new batch from the queue, within max_batch_size rows in flight."""
@@ -150,6 +164,8 @@ class HFEngine:
                             item.future.set_exception(exc)
                 self._running = []
                 continue
+            for item in finished + [item for batch in self._running for item in batch.items]:
+                item.report()
             for item in finished:
                 self._finish(item, item.finish)
 
@@ -183,9 +199,10 @@ class HFEngine:
             out = self.model(input_ids=st["tokens"][:, None], attention_mask=st["mask"], position_ids=st["pos"],
                              past_key_values=st["cache"], use_cache=True)
             st["cache"], st["logits"] = out.past_key_values, out.logits[:, -1].float()
-        tokens, logprobs = self._sample(st["logits"], st["temps"], st["greedy"], st["top_p"])
+        k = max(item.sampling.top_logprobs for item in batch.items)
+        tokens, logprobs, top = self._sample(st["logits"], st["temps"], st["greedy"], st["top_p"], k)
         st["tokens"] = tokens
-        for item, tok, logprob in zip(batch.items, tokens.tolist(), logprobs.tolist()):
+        for i, (item, tok, logprob) in enumerate(zip(batch.items, tokens.tolist(), logprobs.tolist())):
             if item.finish:
                 continue
             if item.request_id in self._aborted:
@@ -193,6 +210,8 @@ class HFEngine:
                 continue
             item.tokens.append(tok)
             item.logprobs.append(logprob)
+            if item.sampling.top_logprobs:
+                item.top.append(top[i][:item.sampling.top_logprobs])
             if tok in item.sampling.stop_token_ids:
                 item.finish = "stop"
             elif len(item.tokens) >= item.sampling.max_new_tokens:
@@ -256,7 +275,9 @@ class HFEngine:
             cache.update(keys.to(self.device), values.to(self.device), layer)
         return cache
 
-    def _sample(self, logits, temps, greedy, top_p):
+    def _sample(self, logits, temps, greedy, top_p, k: int = 0):
+        """Per row: a token, its log-prob under softmax(logits / temperature) and, for k > 0, the k
+        likeliest tokens' (ids, log-probs) under the same distribution."""
         scaled = torch.log_softmax(logits / temps, dim=-1)
         probs = scaled.exp()
         if bool((top_p < 1.0).any()):
@@ -266,7 +287,11 @@ class HFEngine:
             probs = torch.zeros_like(probs).scatter(-1, order, sorted_p)
         sampled = torch.multinomial(probs, 1, generator=self._generator).squeeze(-1)
         tokens = torch.where(greedy, logits.argmax(-1), sampled)
-        return tokens, scaled.gather(-1, tokens[:, None]).squeeze(-1)
+        top = None
+        if k:
+            values, ids = scaled.topk(k, dim=-1)
+            top = [list(zip(row_ids, row_values)) for row_ids, row_values in zip(ids.tolist(), values.tolist())]
+        return tokens, scaled.gather(-1, tokens[:, None]).squeeze(-1), top
 
     def _remember(self, batch: _Batch) -> None:
         """Keep the KV of requests that just finished (prompt + answer; the last sampled token was

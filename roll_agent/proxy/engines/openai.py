@@ -11,7 +11,8 @@ known); `finish_reason == "stop"` then gets the end-of-turn token appended, as a
 local engine would have produced it.
 
 Abort cancels the HTTP request (the server sees the connection close) and returns
-finish_reason "abort" with no tokens.
+finish_reason "abort" with no tokens. It does not stream (an answer comes whole) and
+refuses top-k alternatives (`sampling.top_logprobs`).
 """
 
 from __future__ import annotations
@@ -23,7 +24,8 @@ from typing import Iterable
 import httpx
 
 from roll_agent.config import EngineConfig, ModelConfig
-from roll_agent.types import EngineOutput, SamplingParams
+from roll_agent.protocols import Unsupported
+from roll_agent.types import EngineOutput, SamplingParams, TokenSink
 
 _TOKEN_ID_PREFIX = "token_id:"  # vLLM's return_tokens_as_token_ids format
 
@@ -80,7 +82,11 @@ class OpenAIEngine:
         except ValueError as exc:
             raise OpenAIEngineError(f"{self.cfg.base_url}/{path} answered non-JSON: {response.text[:200]}") from exc
 
-    async def generate(self, prompt_ids: list[int], sampling: SamplingParams, request_id: str) -> EngineOutput:
+    async def generate(self, prompt_ids: list[int], sampling: SamplingParams, request_id: str,
+                       on_tokens: TokenSink | None = None) -> EngineOutput:
+        if sampling.top_logprobs:
+            raise Unsupported("top_logprobs: engine.type=openai (a model served elsewhere) gives no top-k "
+                              "alternatives; use engine.type=hf, vllm or scripted", "top_logprobs")
         if sampling.max_new_tokens <= 0:
             return EngineOutput([], [], "length")
         task = asyncio.ensure_future(self._complete(list(prompt_ids), sampling))

