@@ -112,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m roll_agent.run", description=__doc__.splitlines()[0])
     parser.add_argument("--config", help="YAML file under configs/ (default: the embedded tiny CPU run)")
     parser.add_argument("overrides", nargs="*", help="section.key=value")
-    args = parser.parse_args(argv)
+    args = parser.parse_intermixed_args(argv)  # --config before, between or after the overrides
     try:
         cfg = load_config(args.config, args.overrides)
         final = asyncio.run(train(cfg))
