@@ -77,19 +77,26 @@ def main() -> None:
     parser.add_argument("--first-seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--summary", type=Path, default=None, help="write every run's numbers here (JSON)")
+    parser.add_argument("--resume", action="store_true",
+                        help="keep the runs --summary already holds (same env, estimator, seed) and run the rest")
     parser.add_argument("overrides", nargs="*", help="more config overrides for every run (key=value)")
     args = parser.parse_args()
     out = args.out or Path(tempfile.mkdtemp(prefix="credit-"))
+    kept = json.loads(args.summary.read_text()) if args.resume and args.summary and args.summary.exists() else []
     runs = []
     for env in args.envs:
         for seed in range(args.first_seed, args.first_seed + args.runs):
             for estimator in args.estimators:
+                done = [r for r in kept if (r["env"], r["estimator"], r["seed"]) == (env, estimator, seed)]
+                if done:
+                    runs.append(done[0])
+                    continue
                 r = run_one(out, env, estimator, seed, args.overrides)
                 runs.append(r)
                 print(f"{env} {estimator} seed {seed}: warm-start {r['warm_start']:.3f} -> final {r['final']:.3f} "
                       f"(lowest after start {r['min_after_start']:.3f}), {r['seconds']:.0f} s", flush=True)
                 if args.summary:
-                    args.summary.write_text(json.dumps(runs, indent=1))
+                    args.summary.write_text(json.dumps(runs + [k for k in kept if k not in runs], indent=1))
     rows, result = [], {}
     for env in args.envs:
         for estimator in args.estimators:

@@ -6,8 +6,6 @@ names it validates (`algorithm.advantage`, `.loss`, `.aggregation`).
 
 from __future__ import annotations
 
-import math
-
 import torch
 
 from roll_agent.config import ADVANTAGE_ESTIMATORS, AGGREGATIONS, EPISODE_ESTIMATORS, POLICY_LOSSES
@@ -90,18 +88,6 @@ def discounted_returns(rewards: list[float], gamma: float) -> list[float]:
     return out
 
 
-def _normalized(values: list[float], std_normalize: bool, eps: float) -> list[float]:
-    """Deviation of each value from the mean of `values`, over their unbiased std + eps when asked;
-    a single value (or equal ones) gives 0."""
-    n = len(values)
-    mean = sum(values) / n
-    dev = [v - mean for v in values]
-    if not std_normalize:
-        return dev
-    std = math.sqrt(sum(d * d for d in dev) / (n - 1)) if n > 1 else 0.0
-    return [d / (std + eps) for d in dev]
-
-
 def turn_advantages(
     rewards: torch.Tensor,
     group_ids: torch.Tensor,
@@ -120,11 +106,13 @@ def turn_advantages(
     and `state_keys[i]` episode i's turns in order (the reward the env gave for each, the state
     each was played from).
     grpo, rloo, reinforce: every turn takes its episode's advantage (compute_advantages).
-    turn: (G_t - mean_g G_0) / (std_g G_0 + eps), G_t the discounted return-to-go of turn t and
-        mean_g, std_g over the episodes of its group (the expected return from the task's start).
-    gigpo: the grpo advantage of the episode + step_weight * the step advantage: G_t normalised
-        within its anchor group (every turn of the task group played from the same state,
-        repeats inside one episode included; a turn alone in its anchor group gets 0).
+    turn: G_t - the mean G_t of the group's episodes that made a turn t (G_t: the discounted
+        return-to-go of turn t; a per-turn-index baseline).
+    gigpo: the grpo advantage of the episode + step_weight * the step advantage: G_t minus the mean
+        G of its anchor group (every turn of the task group played from the same state, repeats
+        inside one episode included; a turn alone in its anchor group gets 0).
+    Returns-to-go are compared in reward units, never divided by their spread: near-equal returns
+    (winning paths one move apart) would otherwise become advantages as large as win against loss.
     """
     _check_choice("advantage estimator", estimator, ADVANTAGE_ESTIMATORS)
     if not (len(turn_rewards) == len(state_keys) == rewards.numel()):
@@ -138,28 +126,20 @@ def turn_advantages(
     for i, gid in enumerate(group_ids.tolist()):
         members.setdefault(gid, []).append(i)
     out = [[0.0] * len(r) for r in returns]
-    episode_adv = compute_advantages(rewards, group_ids, "grpo", std_normalize=std_normalize, eps=eps).tolist()
+    base = [0.0] * len(returns)  # the episode-level part: gigpo's grpo advantage
+    if estimator == "gigpo":
+        base = compute_advantages(rewards, group_ids, "grpo", std_normalize=std_normalize, eps=eps).tolist()
     for episodes in members.values():
-        if estimator == "turn":
-            starts = [returns[i][0] if returns[i] else 0.0 for i in episodes]
-            mean = sum(starts) / len(starts)
-            scale = 1.0
-            if std_normalize:
-                n = len(starts)
-                scale = (math.sqrt(sum((g - mean) ** 2 for g in starts) / (n - 1)) if n > 1 else 0.0) + eps
-            for i in episodes:
-                out[i] = [(g - mean) / scale for g in returns[i]]
-            continue
-        # gigpo
-        anchors: dict[str, list[tuple[int, int]]] = {}
+        # turn compares the turns of one index, gigpo the turns of one state
+        comparable: dict[object, list[tuple[int, int]]] = {}
         for i in episodes:
             for t, key in enumerate(state_keys[i]):
-                anchors.setdefault(key, []).append((i, t))
-        for turns in anchors.values():
-            for (i, t), a in zip(turns, _normalized([returns[i][t] for i, t in turns], std_normalize, eps)):
-                out[i][t] = step_weight * a
-        for i in episodes:
-            out[i] = [episode_adv[i] + step for step in out[i]]
+                comparable.setdefault(t if estimator == "turn" else key, []).append((i, t))
+        weight = 1.0 if estimator == "turn" else step_weight
+        for turns in comparable.values():
+            mean = sum(returns[i][t] for i, t in turns) / len(turns)
+            for i, t in turns:
+                out[i][t] = base[i] + weight * (returns[i][t] - mean)
     return [torch.tensor(values, dtype=rewards.dtype if rewards.is_floating_point() else torch.float32)
             for values in out]
 

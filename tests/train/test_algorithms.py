@@ -138,39 +138,45 @@ def test_gigpo_mean_only_by_hand():
         assert got == pytest.approx(want, abs=1e-7)
 
 
-def test_gigpo_std_normalized_and_step_weight():
+def test_gigpo_episode_part_std_normalized_step_part_in_reward_units():
+    """std_normalize divides the episode part (grpo) by the group's std; the step part stays in
+    reward units whatever it says, scaled by step_weight."""
     sd = lambda xs: math.sqrt(sum((x - sum(xs) / len(xs)) ** 2 for x in xs) / (len(xs) - 1))  # noqa: E731
     e = [(r - 2 / 3) / (sd([1, 0, 1]) + EPS) for r in (1, 0, 1)]
-    s0 = [0.25, 0.0, 0.125, 0.5]
-    m0, d0 = sum(s0) / 4, sd(s0) + EPS
-    s1 = [0.5, 0.0, 1.0]
-    d1 = sd(s1) + EPS  # 0.5
     w = 0.3
-    expected = [[e[0] + w * (0.25 - m0) / d0, e[0] + 0.0, e[0]],
-                [e[1] + w * (0.0 - m0) / d0, e[1] - w * 0.5 / d1, e[1]],
-                [e[2] + w * (0.125 - m0) / d0, e[2], e[2] + w * (0.5 - m0) / d0, e[2] + w * 0.5 / d1],
+    expected = [[e[0] + w * 0.03125, e[0], e[0]],
+                [e[1] - w * 0.21875, e[1] - w * 0.5, e[1]],
+                [e[2] - w * 0.09375, e[2], e[2] + w * 0.28125, e[2] + w * 0.5],
                 [0.0]]
     for got, want in zip(_turn_adv("gigpo", step_weight=w), expected):
         assert got == pytest.approx(want, abs=1e-6)
 
 
-def test_gigpo_without_repeated_states_and_one_turn_each_is_grpo():
+def test_near_equal_returns_give_small_step_advantages():
+    """Two winning paths, one a move longer: with gamma 0.95 their returns from the shared start
+    are 0.95 and 0.9025, and their step advantages +-0.02375: not +-0.71, as dividing by the
+    anchor group's spread would make them (the episode part is 0: both won)."""
+    out = turn_advantages(t([1.0, 1.0]), torch.tensor([0, 0]), [[0.0, 1.0], [0.0, 0.0, 1.0]],
+                          [["s", "a"], ["s", "b", "c"]], "gigpo", gamma=0.95)
+    assert out[0].tolist() == pytest.approx([0.02375, 0.0]) and out[1].tolist() == pytest.approx([-0.02375, 0, 0])
+
+
+def test_gigpo_with_one_turn_each_from_one_state_adds_the_reward_deviation():
     """With one turn per episode every anchor group is the task group at its start, where the
-    return is the reward: step and episode advantages agree, so gigpo = (1 + w) * grpo."""
+    return is the reward: the step part is r - mean r, so mean-only gigpo = 2 * mean-only grpo."""
     rewards = t(REWARDS)
-    grpo = compute_advantages(rewards, torch.tensor(GROUPS), "grpo")
+    grpo = compute_advantages(rewards, torch.tensor(GROUPS), "grpo", std_normalize=False)
     gigpo = turn_advantages(rewards, torch.tensor(GROUPS), [[r] for r in REWARDS], [["start"]] * 6, "gigpo",
-                            step_weight=1.0)
+                            std_normalize=False)
     assert [a.item() for a in gigpo] == pytest.approx((2 * grpo).tolist(), abs=1e-9)
 
 
-def test_turn_return_to_go_with_a_group_baseline():
-    # group 0: G_0 = .25, 0, .125 -> mean .125 (mean only); each turn: G_t - .125; D alone: 1 - 1
-    expected = [[0.125, 0.375, 0.875], [-0.125] * 3, [0.0, 0.125, 0.375, 0.875], [0.0]]
+def test_turn_return_to_go_against_the_groups_mean_at_that_turn():
+    # group 0 at turn 0: G = .25, 0, .125 (mean .125); turn 1: .5, 0, .25 (mean .25); turn 2: 1, 0, .5
+    # (mean .5); turn 3: C alone; D alone. std_normalize does not change it (reward units)
+    expected = [[0.125, 0.25, 0.5], [-0.125, -0.25, -0.5], [0.0, 0.0, 0.0, 0.0], [0.0]]
+    assert _turn_adv("turn") == [pytest.approx(e) for e in expected]
     assert _turn_adv("turn", std_normalize=False) == [pytest.approx(e) for e in expected]
-    scale = math.sqrt(((0.25 - 0.125) ** 2 + 0.125 ** 2 + 0.0) / 2) + EPS
-    normalized = _turn_adv("turn")
-    assert normalized[0] == pytest.approx([x / scale for x in expected[0]])
 
 
 def test_an_episode_without_turns_has_no_advantages():
