@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -45,6 +46,7 @@ REACH = 0.6  # FrozenLake: steps until the greedy evaluation first reaches this
 def run_one(out: Path, env: str, estimator: str, seed: int, extra: list[str]) -> dict:
     """One `python -m roll_agent.run`; its evaluations and wall time."""
     run_dir = out / f"{env}-{estimator}-seed{seed}"
+    shutil.rmtree(run_dir, ignore_errors=True)  # a run's metrics.jsonl is appended to: start it empty
     cmd = [sys.executable, "-m", "roll_agent.run", f"output_dir={run_dir}", f"seed={seed}",
            f"algorithm.advantage={estimator}", "logging.progress=false", "logging.backends=[jsonl]",
            "logging.plot=false", *ENVS[env], *extra]
