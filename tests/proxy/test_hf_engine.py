@@ -9,6 +9,7 @@ from roll_agent.config import EngineConfig, ModelConfig
 from roll_agent.proxy.engines.hf import HFEngine
 from roll_agent.types import SamplingParams
 from tests.conftest import run
+from tests.proxy.top_logprobs import assert_top_logprobs_match_forward
 
 
 def _forward_logprobs(model, prompt, generated, temperature):
@@ -217,16 +218,7 @@ def test_top_logprobs_are_the_forwards_likeliest_tokens_and_tokens_stream_per_st
     prompt, streamed = [5, 9, 11, 20, 33], []
     sampling = SamplingParams(max_new_tokens=10, temperature=0.8, top_logprobs=3)
     out = run(engine.generate(prompt, sampling, "top", on_tokens=lambda *run_: streamed.append(run_)))
-    with torch.no_grad():
-        logits = model(torch.tensor([prompt + out.token_ids])).logits[0, len(prompt) - 1:-1].float() / 0.8
-    ref = torch.log_softmax(logits, -1)
-    assert len(out.top_logprobs) == len(out.token_ids) == 10
-    for i, (token, logprob, alternatives) in enumerate(zip(out.token_ids, out.logprobs, out.top_logprobs)):
-        ids = [t for t, _ in alternatives]
-        values = torch.tensor([v for _, v in alternatives])
-        assert len(set(ids)) == 3
-        assert torch.allclose(values, ref[i].topk(3).values, atol=1e-3)  # the 3 likeliest values
-        assert torch.allclose(values, ref[i, ids], atol=1e-3)  # and these tokens have them
-        assert all(abs(v - logprob) < 1e-6 for t, v in alternatives if t == token)
+    assert len(out.token_ids) == 10
+    assert_top_logprobs_match_forward(model, prompt, out, k=3, temperature=0.8, atol=1e-3, sampled_atol=1e-6)
     assert [run_[0] for run_ in streamed] == [[t] for t in out.token_ids]  # one token per step, in order
     assert [a for run_ in streamed for a in run_[2]] == out.top_logprobs

@@ -26,6 +26,7 @@ from roll_agent.proxy.llm_proxy import LLMProxy  # noqa: E402
 from roll_agent.sync.inprocess import InProcessSync  # noqa: E402
 from roll_agent.types import GenerateRequest, SamplingParams  # noqa: E402
 from tests.conftest import run  # noqa: E402
+from tests.proxy.top_logprobs import assert_top_logprobs_match_forward  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -145,17 +146,8 @@ def test_top_logprobs_are_the_forwards_likeliest_tokens_and_tokens_stream(engine
     prompt, streamed = [5, 9, 11, 20, 33], []
     sampling = SamplingParams(max_new_tokens=10, temperature=0.8, top_logprobs=3)
     out = run(engine.generate(prompt, sampling, "top", on_tokens=lambda *run_: streamed.append(run_)))
-    with torch.no_grad():
-        logits = original(torch.tensor([prompt + out.token_ids])).logits[0, len(prompt) - 1:-1].float() / 0.8
-    ref = torch.log_softmax(logits, -1)
-    assert len(out.top_logprobs) == len(out.token_ids) == 10
-    for i, (token, logprob, alternatives) in enumerate(zip(out.token_ids, out.logprobs, out.top_logprobs)):
-        ids = [t for t, _ in alternatives]
-        values = torch.tensor([v for _, v in alternatives])
-        assert len(set(ids)) == 3
-        assert torch.allclose(values, ref[i].topk(3).values, atol=1e-2)
-        assert torch.allclose(values, ref[i, ids], atol=1e-2)
-        assert all(abs(v - logprob) < 1e-5 for t, v in alternatives if t == token)
+    assert len(out.token_ids) == 10
+    assert_top_logprobs_match_forward(original, prompt, out, k=3, temperature=0.8, atol=1e-2, sampled_atol=1e-5)
     assert [t for run_ in streamed for t in run_[0]] == out.token_ids
     assert [a for run_ in streamed for a in run_[2]] == out.top_logprobs
 
