@@ -13,10 +13,8 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 
-# The algorithm names a config may choose; roll_agent/train/algorithms.py implements each.
-EPISODE_ESTIMATORS = ("grpo", "rloo", "reinforce")  # one advantage per episode, every turn takes it
-ADVANTAGE_ESTIMATORS = EPISODE_ESTIMATORS + ("turn", "gigpo")  # turn-level: each turn its own
-POLICY_LOSSES = ("ppo", "tis", "cispo", "topr")
+from roll_agent.registry import ADVANTAGES, ENGINES, LOSSES, TOOL_PARSERS, TRACKERS, TRAINERS, Registry, RegistryError
+
 AGGREGATIONS = ("token-mean", "seq-mean")
 
 
@@ -29,6 +27,14 @@ def _choice(section: str, name: str, value: str, valid: tuple[str, ...]) -> None
         hint = difflib.get_close_matches(str(value), valid, n=1)
         extra = f" Did you mean '{hint[0]}'?" if hint else ""
         raise ConfigError(f"{section}.{name}={value!r} is not one of {list(valid)}.{extra}")
+
+
+def _registered(section: str, name: str, value: str, registry: Registry) -> None:
+    """`value` names an entry of `registry` (roll_agent/registry.py) or a user's `module:Name` that imports."""
+    try:
+        registry.check(value)
+    except RegistryError as exc:
+        raise ConfigError(f"{section}.{name}={value!r}: {exc}") from None
 
 
 def _positive(section: str, **values: float) -> None:
@@ -109,7 +115,7 @@ class OpenAIEngineConfig:
 
 @dataclass
 class EngineConfig:
-    type: str = "hf"  # hf | vllm | scripted | openai (evaluation only)
+    type: str = "hf"  # hf | vllm | scripted | openai (evaluation only) | module:Name (roll_agent/registry.py)
     num_engines: int = 1
     max_batch_size: int = 64
     device: str = "cpu"
@@ -124,7 +130,7 @@ class EngineConfig:
     enforce_eager: bool = True  # no torch.compile / CUDA graphs: starts in seconds, decodes slower on GPU
 
     def __post_init__(self) -> None:
-        _choice("engine", "type", self.type, ("hf", "vllm", "scripted", "openai"))
+        _registered("engine", "type", self.type, ENGINES)
         _positive("engine", num_engines=self.num_engines, max_batch_size=self.max_batch_size,
                   gpu_memory_utilization=self.gpu_memory_utilization)
         if self.kv_cache_space_gib < 0:
@@ -223,6 +229,7 @@ class EndpointConfig:
     agent_workers: Optional[int] = None
 
     def __post_init__(self) -> None:
+        _registered("endpoint", "tool_parser", self.tool_parser, TOOL_PARSERS)
         _positive("endpoint", max_request_mb=self.max_request_mb)
         if self.agent_workers is not None and self.agent_workers < 0:
             raise ConfigError(f"endpoint.agent_workers must be >= 0 (0: agents run in this process), "
@@ -255,9 +262,9 @@ class EnvSpec:
 
 @dataclass
 class AlgorithmConfig:
-    advantage: str = "gigpo"  # docs/algorithms.md
+    advantage: str = "gigpo"  # grpo | rloo | reinforce | turn | gigpo (docs/algorithms.md) | module:Name
     std_normalize: bool = True
-    loss: str = "ppo"
+    loss: str = "ppo"  # ppo | tis | cispo | topr | module:Name
     clip_low: float = 0.2
     clip_high: float = 0.28
     is_cap: float = 2.0
@@ -270,8 +277,8 @@ class AlgorithmConfig:
     def __post_init__(self) -> None:
         if not 0.0 <= self.gamma <= 1.0:
             raise ConfigError(f"algorithm.gamma must be in [0, 1], got {self.gamma}")
-        _choice("algorithm", "advantage", self.advantage, ADVANTAGE_ESTIMATORS)
-        _choice("algorithm", "loss", self.loss, POLICY_LOSSES)
+        _registered("algorithm", "advantage", self.advantage, ADVANTAGES)
+        _registered("algorithm", "loss", self.loss, LOSSES)
         _choice("algorithm", "aggregation", self.aggregation, AGGREGATIONS)
 
 
@@ -293,7 +300,7 @@ class DeepSpeedConfig:
 
 @dataclass
 class TrainerConfig:
-    type: str = "torch"  # torch | deepspeed
+    type: str = "torch"  # torch | deepspeed | module:Name
     lr: float = 1e-3
     lr_schedule: str = "constant"  # constant | linear | cosine: lr per RL step, after the warmup
     lr_warmup_steps: int = 0  # RL steps of linear warmup from lr / lr_warmup_steps up to lr
@@ -310,7 +317,7 @@ class TrainerConfig:
     deepspeed: DeepSpeedConfig = field(default_factory=DeepSpeedConfig)
 
     def __post_init__(self) -> None:
-        _choice("trainer", "type", self.type, ("torch", "deepspeed"))
+        _registered("trainer", "type", self.type, TRAINERS)
         _choice("trainer", "dtype", self.dtype, ("float32", "bfloat16"))
         _choice("trainer", "lr_schedule", self.lr_schedule, ("constant", "linear", "cosine"))
         _positive("trainer", lr=self.lr, micro_batch_size=self.micro_batch_size, updates_per_batch=self.updates_per_batch)
@@ -400,9 +407,6 @@ class RuntimeConfig:
         _choice("runtime", "type", self.type, ("local", "ray"))
 
 
-LOGGING_BACKENDS = ("jsonl", "tensorboard", "wandb", "mlflow")
-
-
 @dataclass
 class TrajectoryLogConfig:
     """Rollout dumps (roll_agent/trajectory_dumps.py): output_dir/trajectories/step_<N>.jsonl.gz."""
@@ -420,7 +424,7 @@ class TrajectoryLogConfig:
 @dataclass
 class LoggingConfig:
     # where the scalars go (roll_agent/trackers.py): jsonl (metrics.jsonl, always), tensorboard,
-    # wandb (offline unless wandb_mode says otherwise), mlflow (a local store: output_dir/mlflow.db)
+    # wandb (offline unless wandb_mode says otherwise), mlflow (a local store: output_dir/mlflow.db), module:Name
     backends: list[str] = field(default_factory=lambda: ["jsonl", "tensorboard"])
     progress: bool = True
     plot: bool = True
@@ -433,7 +437,8 @@ class LoggingConfig:
 
     def __post_init__(self) -> None:
         for name in self.backends:
-            _choice("logging", "backends[]", name, LOGGING_BACKENDS)
+            if name != "jsonl":
+                _registered("logging", "backends[]", name, TRACKERS)
         if "jsonl" not in self.backends:
             raise ConfigError("logging.backends must include jsonl: metrics.jsonl is what resume, curves.png and "
                               "the viewer read")

@@ -21,8 +21,10 @@ import time
 from pathlib import Path
 
 from roll_agent.config import ConfigError, LoggingConfig
+from roll_agent.registry import TRACKERS
 
-# what each tracker imports, and what `pip install` needs for it
+# what each built-in tracker imports, and what `pip install` needs for it (the trackers are named in
+# roll_agent/registry.py: TRACKERS; a user's own is `module:Name`, a class taking (out, cfg, run_config))
 NEEDS = {"tensorboard": ("tensorboard", "tensorboard"), "wandb": ("wandb", "wandb"),
          "mlflow": ("mlflow", "mlflow-skinny sqlalchemy alembic")}
 
@@ -103,9 +105,6 @@ class MlflowTracker:
         self.client.set_terminated(self.run_id)
 
 
-TRACKERS = {"tensorboard": TensorBoardTracker, "wandb": WandbTracker, "mlflow": MlflowTracker}
-
-
 def check_trackers(cfg: LoggingConfig) -> None:
     """Each tracker `logging.backends` names is installed (checked at start-up, before any work)."""
     for name in cfg.backends:
@@ -117,7 +116,7 @@ def check_trackers(cfg: LoggingConfig) -> None:
 
 def open_trackers(out: Path, cfg: LoggingConfig, run_config: dict) -> list:
     check_trackers(cfg)
-    return [TRACKERS[name](out, cfg, run_config) for name in cfg.backends if name != "jsonl"]
+    return [TRACKERS.get(name)(out, cfg, run_config) for name in cfg.backends if name != "jsonl"]
 
 
 def _flatten(config: dict, prefix: str = "") -> dict:

@@ -7,30 +7,22 @@
 
 Backends: "docker" (containers from locally built images, warm pool), "bwrap"
 (bubblewrap namespaces, no daemon) and "local" (no isolation; unsafe=True required).
-Each takes its own config dataclass's fields as keyword arguments (see config.py).
+Each takes its own config dataclass's fields as keyword arguments (see config.py). Another
+backend plugs in by name: `make_sandbox("mypackage.sandbox:MySandbox", ...)`.
 """
 from __future__ import annotations
+
+from roll_agent.registry import SANDBOXES
 
 from .base import ExecResult, OutputBuffer, Sandbox, SandboxError
 from .config import BwrapConfig, DockerConfig, LocalConfig, make_config
 
 __all__ = ["make_sandbox", "Sandbox", "ExecResult", "SandboxError", "OutputBuffer",
-           "DockerConfig", "BwrapConfig", "LocalConfig", "BACKENDS"]
-
-BACKENDS = ("docker", "bwrap", "local")
+           "DockerConfig", "BwrapConfig", "LocalConfig"]
 
 
 def make_sandbox(backend: str, **config) -> Sandbox:
-    """A not-yet-started sandbox; `with make_sandbox(...) as sb:` starts and always closes it."""
-    cfg = make_config(backend, config)
-    if backend == "docker":
-        from .docker_backend import DockerSandbox
-
-        return DockerSandbox(cfg)
-    if backend == "bwrap":
-        from .bwrap_backend import BwrapSandbox
-
-        return BwrapSandbox(cfg)
-    from .local_backend import LocalSandbox
-
-    return LocalSandbox(cfg)
+    """A not-yet-started sandbox; `with make_sandbox(...) as sb:` starts and always closes it.
+    `backend`: a name above or a user's `module:Class` (a Sandbox whose `config_class` dataclass
+    holds its options; roll_agent/registry.py: SANDBOXES)."""
+    return SANDBOXES.get(backend)(make_config(backend, config))

@@ -43,6 +43,8 @@ _EVAL = ["/bin/sh", "-c", f'__roll_agent_cmd=${_CMD_VAR}; unset {_CMD_VAR}; eval
 
 
 class BwrapSandbox(SandboxBase):
+    config_class = BwrapConfig
+
     def __init__(self, config: BwrapConfig):
         self.config = config
         self.dir: Path | None = None

@@ -12,6 +12,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+from roll_agent.registry import SANDBOXES
+
 BASE_IMAGE = "roll-agent-base:latest"
 SANDBOX_UID = 1000  # the non-root user baked into the base image / rootfs
 LABEL = "roll_agent.sandbox"
@@ -99,13 +101,10 @@ class DockerConfig(_Common, _Limits):
             raise ValueError(f"pool_size must be >= 0, got {self.pool_size}")
 
 
-BACKEND_CONFIGS = {"docker": DockerConfig, "bwrap": BwrapConfig, "local": LocalConfig}
-
-
 def make_config(backend: str, values: dict[str, Any]):
-    if backend not in BACKEND_CONFIGS:
-        raise ValueError(f"unknown sandbox backend {backend!r}; valid: {sorted(BACKEND_CONFIGS)}")
-    cls = BACKEND_CONFIGS[backend]
+    """The options of the sandbox backend named `backend` (roll_agent/registry.py: SANDBOXES, or a
+    user's `module:Class`) as its `config_class`, every key checked."""
+    cls = SANDBOXES.get(backend).config_class
     valid = [f.name for f in dataclasses.fields(cls)]
     for key in values:
         if key not in valid:

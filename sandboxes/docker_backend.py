@@ -36,6 +36,8 @@ _GRACE_S = 3.0  # host-side slack over the in-container timeout before we interv
 
 
 class DockerSandbox(SandboxBase):
+    config_class = DockerConfig
+
     def __init__(self, config: DockerConfig):
         self.config = config
         self.id: str | None = None

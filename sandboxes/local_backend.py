@@ -17,6 +17,8 @@ from .config import LocalConfig
 
 
 class LocalSandbox(SandboxBase):
+    config_class = LocalConfig
+
     def __init__(self, config: LocalConfig):
         if not config.unsafe:
             raise SandboxError(

@@ -12,12 +12,11 @@ endpoint answered renders back to the text the model produced.
 
 from __future__ import annotations
 
-import importlib
 import json
 import re
 import time
 import uuid
-from typing import Any, Callable, Literal, Optional, Union
+from typing import Any, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError, field_validator
 
@@ -235,19 +234,6 @@ def split_hermes(text: str) -> tuple[str, list[dict]]:
         last = match.end()
     pieces.append(text[last:])  # text between or after the calls (rare) is kept: nothing the model wrote is lost
     return "".join(pieces), calls
-
-
-TOOL_PARSERS: dict[str, Callable[[str], tuple[str, list[dict]]]] = {"hermes": parse_hermes}
-
-
-def tool_parser(name: str) -> Callable[[str], tuple[str, list[dict]]]:
-    """A registered parser by name, or a user's `module:function` (text -> (content, tool_calls))."""
-    if name in TOOL_PARSERS:
-        return TOOL_PARSERS[name]
-    module, _, attr = name.partition(":")
-    if not attr:
-        raise ValueError(f"unknown tool parser {name!r}: use one of {sorted(TOOL_PARSERS)} or 'module:function'")
-    return getattr(importlib.import_module(module), attr)
 
 
 # ---- responses -----------------------------------------------------------------------------

@@ -42,6 +42,7 @@ from roll_agent.agents.streaming import ChatStream, CompletionStream, Decoding, 
 from roll_agent.agents.workers import AgentWorkers, default_agent_workers
 from roll_agent.config import EndpointConfig, RolloutConfig
 from roll_agent.protocols import Unsupported
+from roll_agent.registry import TOOL_PARSERS
 from roll_agent.types import GenerateRequest, GenerateResult, SamplingParams, TokenSink, Trajectory
 
 log = logging.getLogger(__name__)
@@ -54,7 +55,7 @@ class AgentEndpoint:
         self.tokenizer = formatter.tokenizer
         self.rollout = rollout
         self.cfg = cfg or EndpointConfig()
-        self.parse_tools = api.tool_parser(self.cfg.tool_parser)
+        self.parse_tools = TOOL_PARSERS.get(self.cfg.tool_parser)
         self.vocab_size = len(self.tokenizer)  # token ids an agent may send: [0, vocab_size)
         self.sessions: dict[str, Session] = {}
         self._ended: dict[str, None] = {}  # keys of sessions closed lately, oldest first

@@ -1,14 +1,19 @@
 """RL objective math for agent training: advantages, policy losses, KL, entropy, aggregation.
 
-Pure functions on torch tensors; no model code lives here, and of the config only the
-names it validates (`algorithm.advantage`, `.loss`, `.aggregation`).
+Pure functions on torch tensors; no model code lives here. The estimators (`grpo`, `rloo`,
+`reinforce`, `turn`, `gigpo`) and losses (`ppo_loss`, ...) are the built-ins of the registries
+`algorithm.advantage` and `algorithm.loss` name (roll_agent/registry.py); `turn_advantages` and
+`policy_loss` call whichever is named, a user's own included, and check what it returns.
 """
 
 from __future__ import annotations
 
 import torch
 
-from roll_agent.config import ADVANTAGE_ESTIMATORS, AGGREGATIONS, EPISODE_ESTIMATORS, POLICY_LOSSES
+from roll_agent.config import AGGREGATIONS
+from roll_agent.registry import ADVANTAGES, LOSSES
+
+EPISODE_ESTIMATORS = ("grpo", "rloo", "reinforce")  # one advantage per episode, every turn takes it
 
 # exp() of a log-ratio above this overflows float32/bf16 on the way to the
 # clip; an inf there turns the (zero) gradient of the clipped branch into NaN.
@@ -100,48 +105,82 @@ def turn_advantages(
     step_weight: float = 1.0,
     eps: float = 1e-6,
 ) -> list[torch.Tensor]:
-    """Per-turn advantages: for episode i a tensor [len(turn_rewards[i])] (docs/algorithms.md).
+    """Per-turn advantages by the estimator named `estimator` (roll_agent/registry.py: ADVANTAGES):
+    for episode i a tensor [len(turn_rewards[i])] (docs/algorithms.md).
 
     `rewards` [N] and `group_ids` [N] are the episodes' returns and task groups, `turn_rewards[i]`
     and `state_keys[i]` episode i's turns in order (the reward the env gave for each, the state
-    each was played from).
-    grpo, rloo, reinforce: every turn takes its episode's advantage (compute_advantages).
-    turn: G_t - the mean G_t of the group's episodes that made a turn t (G_t: the discounted
-        return-to-go of turn t; a per-turn-index baseline).
-    gigpo: the grpo advantage of the episode + step_weight * the step advantage: G_t minus the mean
-        G of its anchor group (every turn of the task group played from the same state, repeats
-        inside one episode included; a turn alone in its anchor group gets 0).
-    Returns-to-go are compared in reward units, never divided by their spread: near-equal returns
-    (winning paths one move apart) would otherwise become advantages as large as win against loss.
+    each was played from). Every estimator is called with these and the keyword options.
     """
-    _check_choice("advantage estimator", estimator, ADVANTAGE_ESTIMATORS)
     if not (len(turn_rewards) == len(state_keys) == rewards.numel()):
         raise ValueError(f"{rewards.numel()} episodes but {len(turn_rewards)} turn reward lists and "
                          f"{len(state_keys)} state key lists")
-    if estimator in EPISODE_ESTIMATORS:
-        adv = compute_advantages(rewards, group_ids, estimator, std_normalize=std_normalize, eps=eps)
-        return [adv[i].expand(len(turns)).clone() for i, turns in enumerate(turn_rewards)]
+    out = ADVANTAGES.get(estimator)(rewards, group_ids, turn_rewards, state_keys, std_normalize=std_normalize,
+                                    gamma=gamma, step_weight=step_weight, eps=eps)
+    lengths = [len(turns) for turns in turn_rewards]
+    if len(out) != len(lengths) or any(torch.as_tensor(a).numel() != n for a, n in zip(out, lengths)):
+        raise ValueError(f"advantage estimator {estimator!r} returned {[torch.as_tensor(a).numel() for a in out]} "
+                         f"values per episode for episodes of {lengths} turns: it must return one value a turn")
+    dtype = rewards.dtype if rewards.is_floating_point() else torch.float32
+    return [torch.as_tensor(a, dtype=dtype) for a in out]
+
+
+def _every_turn(estimator: str, rewards, group_ids, turn_rewards, std_normalize, eps) -> list[torch.Tensor]:
+    adv = compute_advantages(rewards, group_ids, estimator, std_normalize=std_normalize, eps=eps)
+    return [adv[i].expand(len(turns)).clone() for i, turns in enumerate(turn_rewards)]
+
+
+def grpo(rewards, group_ids, turn_rewards, state_keys, *, std_normalize=True, eps=1e-6, **_) -> list[torch.Tensor]:
+    """Every turn takes its episode's grpo advantage (compute_advantages)."""
+    return _every_turn("grpo", rewards, group_ids, turn_rewards, std_normalize, eps)
+
+
+def rloo(rewards, group_ids, turn_rewards, state_keys, *, std_normalize=True, eps=1e-6, **_) -> list[torch.Tensor]:
+    """Every turn takes its episode's rloo advantage (compute_advantages)."""
+    return _every_turn("rloo", rewards, group_ids, turn_rewards, std_normalize, eps)
+
+
+def reinforce(rewards, group_ids, turn_rewards, state_keys, *, std_normalize=True, eps=1e-6,
+              **_) -> list[torch.Tensor]:
+    """Every turn takes its episode's reinforce advantage (compute_advantages)."""
+    return _every_turn("reinforce", rewards, group_ids, turn_rewards, std_normalize, eps)
+
+
+def turn(rewards, group_ids, turn_rewards, state_keys, *, gamma=1.0, **_) -> list[torch.Tensor]:
+    """G_t - the mean G_t of the group's episodes that made a turn t (G_t: the discounted
+    return-to-go of turn t; a per-turn-index baseline)."""
+    return _compare_returns(group_ids, turn_rewards, [list(range(len(r))) for r in turn_rewards], gamma,
+                            base=[0.0] * len(turn_rewards), weight=1.0)
+
+
+def gigpo(rewards, group_ids, turn_rewards, state_keys, *, std_normalize=True, gamma=1.0, step_weight=1.0,
+          eps=1e-6, **_) -> list[torch.Tensor]:
+    """The grpo advantage of the episode + step_weight * the step advantage: G_t minus the mean
+    G of its anchor group (every turn of the task group played from the same state, repeats
+    inside one episode included; a turn alone in its anchor group gets 0)."""
+    base = compute_advantages(rewards, group_ids, "grpo", std_normalize=std_normalize, eps=eps).tolist()
+    return _compare_returns(group_ids, turn_rewards, state_keys, gamma, base=base, weight=step_weight)
+
+
+def _compare_returns(group_ids, turn_rewards, keys, gamma, *, base, weight) -> list[torch.Tensor]:
+    """base[i] + weight * (G_t - the mean G of the turns of i's task group with the same key).
+    Returns-to-go are compared in reward units, never divided by their spread: near-equal returns
+    (winning paths one move apart) would otherwise become advantages as large as win against loss."""
     returns = [discounted_returns(r, gamma) for r in turn_rewards]
     members: dict[int, list[int]] = {}
     for i, gid in enumerate(group_ids.tolist()):
         members.setdefault(gid, []).append(i)
     out = [[0.0] * len(r) for r in returns]
-    base = [0.0] * len(returns)  # the episode-level part: gigpo's grpo advantage
-    if estimator == "gigpo":
-        base = compute_advantages(rewards, group_ids, "grpo", std_normalize=std_normalize, eps=eps).tolist()
     for episodes in members.values():
-        # turn compares the turns of one index, gigpo the turns of one state
         comparable: dict[object, list[tuple[int, int]]] = {}
         for i in episodes:
-            for t, key in enumerate(state_keys[i]):
-                comparable.setdefault(t if estimator == "turn" else key, []).append((i, t))
-        weight = 1.0 if estimator == "turn" else step_weight
+            for t, key in enumerate(keys[i]):
+                comparable.setdefault(key, []).append((i, t))
         for turns in comparable.values():
             mean = sum(returns[i][t] for i, t in turns) / len(turns)
             for i, t in turns:
                 out[i][t] = base[i] + weight * (returns[i][t] - mean)
-    return [torch.tensor(values, dtype=rewards.dtype if rewards.is_floating_point() else torch.float32)
-            for values in out]
+    return [torch.tensor(values) for values in out]
 
 
 # --------------------------------------------------------------------------- policy losses
@@ -158,25 +197,23 @@ def policy_loss(
     clip_low: float = 0.2,
     clip_high: float = 0.28,
     is_cap: float = 2.0,
-    positive: torch.Tensor | None = None,
+    rewards: torch.Tensor,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """Per-token policy-gradient loss [B, T] (0 where mask is 0) and detached diagnostics.
+    """Per-token policy-gradient loss [B, T] (0 where mask is 0) and detached diagnostics, by the
+    loss named `variant` (roll_agent/registry.py: LOSSES).
 
-    logp: current policy (with grad); logp_old: proximal policy; logp_behav: the
-    policy that sampled the tokens. Variants:
-      ppo:   -sg(min(pi_old/mu, is_cap)) * min(r*A, clip(r, 1-lo, 1+hi)*A), r = pi/pi_old
-      tis:   -sg(min(pi/mu, is_cap)) * A * logp
-      cispo: -sg(clip(pi/mu, 1-lo, 1+hi)) * A * logp
-      topr:  -A * logp on positive episodes, -sg(clamp(pi/mu, 0, 1)) * A * logp otherwise
-    Diagnostics: "is_weight" (weight applied; for ppo the behaviour weight, with
-    the ppo ratio under "ratio") and "clipped" (1.0 where clip/truncation was active).
+    logp: current policy (with grad); logp_old: proximal policy; logp_behav: the policy that
+    sampled the tokens; advantages [B, T]; rewards [B]: each row's episode return. The named loss
+    is called with these, padding already replaced by 0 (never -inf or NaN), and returns the
+    per-token loss and a dict that may hold "is_weight" (the weight applied to each token) and
+    "clipped" (1.0 where a clip or truncation was active); both are masked here.
     """
-    _check_choice("policy loss", variant, POLICY_LOSSES)
     if not (logp.shape == logp_old.shape == logp_behav.shape == mask.shape):
         raise ValueError(
             "logp, logp_old, logp_behav and mask must share a shape, got "
             f"{tuple(logp.shape)}, {tuple(logp_old.shape)}, {tuple(logp_behav.shape)}, {tuple(mask.shape)}"
         )
+    loss_fn = LOSSES.get(variant)
     keep = mask > 0
     zero = logp.new_zeros(())
     # Padding positions may hold -inf log-probs or NaN advantages. Replacing them
@@ -186,43 +223,53 @@ def policy_loss(
     logp_old = torch.where(keep, logp_old.detach(), zero)
     logp_behav = torch.where(keep, logp_behav.detach(), zero)
     adv = torch.where(keep, torch.broadcast_to(advantages.detach(), logp.shape), zero)
-
-    diag: dict[str, torch.Tensor] = {}
-    if variant == "ppo":
-        ratio = torch.exp((logp - logp_old).clamp(-_MAX_LOG_RATIO, _MAX_LOG_RATIO))
-        # Decoupled PPO: off-policyness vs. the sampler is corrected by a fixed
-        # weight; the trust region is measured against the proximal policy only.
-        w = torch.exp(logp_old - logp_behav).clamp(max=is_cap)
-        surr = ratio * adv
-        surr_clip = ratio.clamp(1.0 - clip_low, 1.0 + clip_high) * adv
-        loss = -w * torch.minimum(surr, surr_clip)
-        clipped = surr_clip < surr  # the clipped branch won -> zero gradient
-        diag["ratio"] = ratio.detach()
-    else:
-        raw = torch.exp((logp - logp_behav).detach())
-        if variant == "tis":
-            w = raw.clamp(max=is_cap)
-            clipped = raw > is_cap
-        elif variant == "cispo":
-            # Unlike ppo, clipping only bounds the weight; the token keeps its gradient.
-            w = raw.clamp(1.0 - clip_low, 1.0 + clip_high)
-            clipped = (raw < 1.0 - clip_low) | (raw > 1.0 + clip_high)
-        else:  # topr
-            if positive is None:
-                raise ValueError("policy loss 'topr' needs `positive` (bool per episode)")
-            pos = positive.to(device=logp.device, dtype=torch.bool)
-            if pos.dim() == logp.dim() - 1:
-                pos = pos.unsqueeze(-1)
-            pos = torch.broadcast_to(pos, logp.shape)
-            w = torch.where(pos, torch.ones_like(raw), raw.clamp(0.0, 1.0))
-            clipped = ~pos & (raw > 1.0)
-        loss = -w * adv * logp
-
+    loss, diag = loss_fn(logp, logp_old, logp_behav, adv, clip_low=clip_low, clip_high=clip_high, is_cap=is_cap,
+                         rewards=rewards.detach().to(device=logp.device, dtype=logp.dtype))
+    if loss.shape != logp.shape:
+        raise ValueError(f"policy loss {variant!r} returned a loss of shape {tuple(loss.shape)} for tokens of shape "
+                         f"{tuple(logp.shape)}: it must return one value a token")
     loss = torch.where(keep, loss, zero)
     fmask = keep.to(logp.dtype)
-    diag["is_weight"] = w.detach() * fmask
-    diag["clipped"] = clipped.to(logp.dtype) * fmask
+    diag = {key: value.detach() for key, value in diag.items()}
+    diag["is_weight"] = diag.get("is_weight", torch.ones_like(logp)) * fmask
+    diag["clipped"] = diag.get("clipped", torch.zeros_like(logp)).to(logp.dtype) * fmask
     return loss, diag
+
+
+def ppo_loss(logp, logp_old, logp_behav, adv, *, clip_low, clip_high, is_cap, **_):
+    """Decoupled PPO: -sg(min(pi_old/mu, is_cap)) * min(r*A, clip(r, 1-lo, 1+hi)*A), r = pi/pi_old.
+    Off-policyness vs. the sampler is corrected by a fixed weight; the trust region is measured
+    against the proximal policy only. Diagnostics add the ppo ratio ("ratio")."""
+    ratio = torch.exp((logp - logp_old).clamp(-_MAX_LOG_RATIO, _MAX_LOG_RATIO))
+    w = torch.exp(logp_old - logp_behav).clamp(max=is_cap)
+    surr = ratio * adv
+    surr_clip = ratio.clamp(1.0 - clip_low, 1.0 + clip_high) * adv
+    clipped = surr_clip < surr  # the clipped branch won -> zero gradient
+    return -w * torch.minimum(surr, surr_clip), {"is_weight": w, "clipped": clipped, "ratio": ratio}
+
+
+def tis_loss(logp, logp_old, logp_behav, adv, *, is_cap, **_):
+    """Truncated importance sampling: -sg(min(pi/mu, is_cap)) * A * logp."""
+    raw = torch.exp((logp - logp_behav).detach())
+    w = raw.clamp(max=is_cap)
+    return -w * adv * logp, {"is_weight": w, "clipped": raw > is_cap}
+
+
+def cispo_loss(logp, logp_old, logp_behav, adv, *, clip_low, clip_high, **_):
+    """-sg(clip(pi/mu, 1-lo, 1+hi)) * A * logp: unlike ppo, clipping only bounds the weight; the
+    token keeps its gradient."""
+    raw = torch.exp((logp - logp_behav).detach())
+    w = raw.clamp(1.0 - clip_low, 1.0 + clip_high)
+    return -w * adv * logp, {"is_weight": w, "clipped": (raw < 1.0 - clip_low) | (raw > 1.0 + clip_high)}
+
+
+def topr_loss(logp, logp_old, logp_behav, adv, *, rewards, **_):
+    """-A * logp on positive episodes (return > 0), -sg(clamp(pi/mu, 0, 1)) * A * logp otherwise."""
+    raw = torch.exp((logp - logp_behav).detach())
+    pos = torch.broadcast_to((rewards > 0).unsqueeze(-1) if rewards.dim() == logp.dim() - 1 else rewards > 0,
+                             logp.shape)
+    w = torch.where(pos, torch.ones_like(raw), raw.clamp(0.0, 1.0))
+    return -w * adv * logp, {"is_weight": w, "clipped": ~pos & (raw > 1.0)}
 
 
 # --------------------------------------------------------------------------- KL / entropy

@@ -230,10 +230,10 @@ class PolicyTrainer:
             if self._captured.get(i) == []:
                 self._captured[i] = _per_token(logp_old[row], batch.start, trajs[i].loss_mask)
         advantages = batch.advantages
-        positive = torch.tensor([trajs[i].reward > 0 for i in idx], device=logp.device)
+        rewards = torch.tensor([trajs[i].reward for i in idx], device=logp.device, dtype=logp.dtype)
         loss_tok, diag = alg.policy_loss(
             logp, logp_old, batch.behaviour_logprobs, advantages, mask, algo.loss,
-            clip_low=algo.clip_low, clip_high=algo.clip_high, is_cap=algo.is_cap, positive=positive)
+            clip_low=algo.clip_low, clip_high=algo.clip_high, is_cap=algo.is_cap, rewards=rewards)
         total = loss_tok - algo.entropy_coef * entropy * mask
         kl = None
         if algo.kl_coef > 0:

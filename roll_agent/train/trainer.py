@@ -13,6 +13,7 @@ from transformers import AutoModelForCausalLM
 
 from roll_agent.config import AlgorithmConfig, Config, ModelConfig, TrainerConfig
 from roll_agent.modeling import load_policy
+from roll_agent.registry import TRAINERS
 from roll_agent.train.policy import PolicyTrainer
 
 
@@ -73,12 +74,8 @@ class TorchTrainer(PolicyTrainer):
 
 def make_trainer(model_path: str, cfg: TrainerConfig, algo: AlgorithmConfig, model_cfg: ModelConfig,
                  temperature: float = 1.0, seed: int = 0):
-    """The trainer backend named by `trainer.type`."""
-    if cfg.type == "deepspeed":
-        from roll_agent.train.deepspeed_trainer import DeepSpeedTrainer
-
-        return DeepSpeedTrainer(model_path, cfg, algo, model_cfg, temperature, seed)
-    return TorchTrainer(model_path, cfg, algo, model_cfg, temperature, seed)
+    """The trainer backend named by `trainer.type` (roll_agent/registry.py: TRAINERS)."""
+    return TRAINERS.get(cfg.type)(model_path, cfg, algo, model_cfg, temperature, seed)
 
 
 def trainer_for_run(cfg: Config, model_path: str):

@@ -10,11 +10,10 @@ import pytest
 import torch
 from torch.testing import assert_close
 
-from roll_agent.config import EPISODE_ESTIMATORS
+from roll_agent.config import AGGREGATIONS
+from roll_agent.registry import ADVANTAGES, LOSSES
 from roll_agent.train.algorithms import (
-    ADVANTAGE_ESTIMATORS,
-    AGGREGATIONS,
-    POLICY_LOSSES,
+    EPISODE_ESTIMATORS,
     aggregate,
     compute_advantages,
     discounted_returns,
@@ -85,7 +84,7 @@ def test_advantages_float32_and_single_episode():
     for est in EPISODE_ESTIMATORS:
         one = compute_advantages(torch.tensor([4.0]), torch.tensor([0]), est)
         assert one.tolist() == [0.0]
-    for est in ADVANTAGE_ESTIMATORS:  # a lone episode of one turn has nothing to be compared with
+    for est in ADVANTAGES.names():  # a lone episode of one turn has nothing to be compared with
         one = turn_advantages(torch.tensor([4.0]), torch.tensor([0]), [[4.0]], [["s"]], est)
         assert one[0].tolist() == [0.0]
 
@@ -193,6 +192,7 @@ def test_an_episode_without_turns_has_no_advantages():
 def _run(variant, logp, logp_old, logp_behav, adv, mask=None, **kw):
     lp = t(logp, requires_grad=True)
     mask = torch.ones_like(lp) if mask is None else t(mask)
+    kw.setdefault("rewards", torch.zeros(lp.shape[0], dtype=lp.dtype))
     loss, diag = policy_loss(lp, t(logp_old), t(logp_behav), t(adv), mask, variant, **kw)
     loss.sum().backward()
     return loss.detach(), lp.grad, diag
@@ -275,20 +275,14 @@ def test_topr_positive_and_negative_episodes():
     logp = [[-1.0, -2.0], [-0.5, -3.0]]
     behav = [[-1.0 - LN(3.0), -2.0 - LN(0.5)], [-0.5 - LN(2.0), -3.0 - LN(0.25)]]
     adv = [[1.0, 1.0], [-1.0, -1.0]]
-    pos = torch.tensor([True, False])
-    loss, grad, diag = _run("topr", logp, [[0.0, 0.0], [0.0, 0.0]], behav, adv, positive=pos)
+    loss, grad, diag = _run("topr", logp, [[0.0, 0.0], [0.0, 0.0]], behav, adv, rewards=t([1.0, 0.0]))
     assert_close(loss, t([[1.0, 2.0], [-1.0 * -1.0 * -0.5, -0.25 * -1.0 * -3.0]]))
     assert_close(grad, t([[-1.0, -1.0], [1.0, 0.25]]))
     assert_close(diag["is_weight"], t([[1.0, 1.0], [1.0, 0.25]]))
     assert diag["clipped"].tolist() == [[0.0, 0.0], [1.0, 0.0]]
 
 
-def test_topr_requires_positive():
-    with pytest.raises(ValueError, match="positive"):
-        _run("topr", [[-1.0]], [[0.0]], [[-1.0]], [[1.0]])
-
-
-@pytest.mark.parametrize("variant", POLICY_LOSSES)
+@pytest.mark.parametrize("variant", LOSSES.names())
 def test_mask_zeroes_loss_and_grad(variant):
     # Masked slots hold garbage (-inf logp, NaN advantage): must give exactly 0 loss
     # and 0 grad, and leave the unmasked tokens identical to an unpadded run.
@@ -298,8 +292,8 @@ def test_mask_zeroes_loss_and_grad(variant):
     behav = t([[-0.9, -inf, -0.8], [-0.1, -0.45, -50.0]])
     adv = t([[1.0, nan, -2.0], [0.5, -1.0, nan]])
     mask = t([[1.0, 0.0, 1.0], [1.0, 1.0, 0.0]])
-    pos = torch.tensor([True, False])
-    loss, diag = policy_loss(logp, old, behav, adv, mask, variant, positive=pos)
+    rewards = t([1.0, 0.0])  # topr: row 0 a positive episode, row 1 not
+    loss, diag = policy_loss(logp, old, behav, adv, mask, variant, rewards=rewards)
     loss.sum().backward()
     assert torch.isfinite(loss).all() and torch.isfinite(logp.grad).all()
     off = mask == 0
@@ -310,7 +304,7 @@ def test_mask_zeroes_loss_and_grad(variant):
     on = ~off
     lp2 = logp.detach().masked_fill(off, -1.0).requires_grad_(True)
     ref, _ = policy_loss(lp2, old.masked_fill(off, -1.0), behav.masked_fill(off, -1.0),
-                         adv.masked_fill(off, 0.0), torch.ones_like(mask), variant, positive=pos)
+                         adv.masked_fill(off, 0.0), torch.ones_like(mask), variant, rewards=rewards)
     ref.sum().backward()
     assert_close(loss[on], ref[on].detach())
     assert_close(logp.grad[on], lp2.grad[on])

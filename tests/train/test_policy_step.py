@@ -79,7 +79,7 @@ def test_samples_without_advantage_get_no_backward_and_the_gradient_is_unchanged
     loss_tok, _ = alg.policy_loss(logp, logp.detach(), batch.behaviour_logprobs, adv[:, None].expand_as(logp),
                                   batch.loss_mask,
                                   "ppo", clip_low=0.2, clip_high=0.28, is_cap=2.0,
-                                  positive=torch.tensor([t.reward > 0 for t in trajs]))
+                                  rewards=torch.tensor([t.reward for t in trajs]))
     alg.aggregate(loss_tok, batch.loss_mask, aggregation).backward()  # the whole batch at once
     for name, p in trainer.model.named_parameters():
         torch.testing.assert_close(got[name], p.grad, rtol=1e-4, atol=1e-7, msg=name)

@@ -20,7 +20,8 @@ import hashlib
 import random
 from typing import Callable, Iterable
 
-from roll_agent.config import ScriptedEngineConfig
+from roll_agent.config import EngineConfig, ModelConfig, ScriptedEngineConfig
+from roll_agent.registry import load_named
 from roll_agent.types import EngineOutput, SamplingParams, TokenSink
 
 Script = Callable[[list[int]], list[int]]
@@ -175,3 +176,24 @@ class ScriptedEngine:
     async def close(self) -> None:
         for event in self._abort_events.values():
             event.set()
+
+
+def scripted_engine(model_path: str, cfg: EngineConfig, model_cfg: ModelConfig, seed: int = 0) -> ScriptedEngine:
+    """engine.type=scripted: a ScriptedEngine of `engine.scripted`, answering with its user script
+    when `engine.scripted.script` names one."""
+    script = text_script(cfg.scripted.script, model_path) if cfg.scripted.script else None
+    return ScriptedEngine(cfg.scripted, seed=seed, script=script)
+
+
+def text_script(path: str, model_path: str):
+    """`engine.scripted.script`: a user's `module:function` (prompt text -> response text) as the
+    scripted engine's token script, framed by the model's tokenizer (the response ends with its eos)."""
+    from transformers import AutoTokenizer
+
+    answer = load_named(path, "engine.scripted.script")
+    tokenizer = AutoTokenizer.from_pretrained(model_path)
+
+    def script(prompt_ids: list[int]) -> list[int]:
+        text = tokenizer.decode(prompt_ids, skip_special_tokens=False)
+        return tokenizer.encode(answer(text), add_special_tokens=False) + [tokenizer.eos_token_id]
+    return script
