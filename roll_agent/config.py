@@ -13,7 +13,8 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 
-from roll_agent.registry import ADVANTAGES, ENGINES, LOSSES, TOOL_PARSERS, TRACKERS, TRAINERS, Registry, RegistryError
+from roll_agent.registry import ADVANTAGES, ENGINES, LOSSES, TOOL_PARSERS, TRACKERS, TRAINERS, WEIGHT_SYNCS, Registry, \
+    RegistryError
 
 AGGREGATIONS = ("token-mean", "seq-mean")
 
@@ -347,7 +348,8 @@ class WarmupConfig:
 class WeightSyncConfig:
     # auto: inprocess under the local runtime; under ray, broadcast (or object_store for LoRA adapters)
     # inprocess: copy tensors (one process); broadcast: torch.distributed in flat buckets (gloo on CPU,
-    # NCCL on GPU); object_store: through Ray's object store (small payloads such as LoRA adapters)
+    # NCCL on GPU); object_store: through Ray's object store (small payloads such as LoRA adapters);
+    # module:Name: your own (roll_agent/sync/__init__.py)
     type: str = "auto"
     bucket_mb: float = 32.0  # broadcast bucket size
     # under ray: every engine checksums what it received and the sync fails unless each tensor matches
@@ -355,7 +357,8 @@ class WeightSyncConfig:
     verify: bool = False
 
     def __post_init__(self) -> None:
-        _choice("weight_sync", "type", self.type, ("auto", "inprocess", "broadcast", "object_store"))
+        if self.type != "auto":
+            _registered("weight_sync", "type", self.type, WEIGHT_SYNCS)
         _positive("weight_sync", bucket_mb=self.bucket_mb)
 
 

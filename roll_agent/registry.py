@@ -20,6 +20,8 @@ What each kind's entry is called with (the contracts it returns: roll_agent/prot
                                              *, clip_low, clip_high, is_cap, rewards [B]) -> (loss [B, T], diag)
     tracker       logging.backends[]        (out: Path, cfg: LoggingConfig, run_config: dict) -> Tracker
     tool parser   endpoint.tool_parser      (text) -> (content, tool_calls)
+    weight sync   weight_sync.type          (trainer, cfg: Config) -> WeightSync (`trainer`: the trainer
+                                             under the local runtime, the trainer actor's handle under ray)
     sandbox       make_sandbox(backend)     a Sandbox class with a `config_class` dataclass of its options
 
 roll_agent/train/algorithms.py says what an estimator and a loss compute (docs/algorithms.md:
@@ -110,6 +112,11 @@ TRACKERS = Registry("tracker", {
     "mlflow": "roll_agent.trackers:MlflowTracker",
 })
 TOOL_PARSERS = Registry("tool parser", {"hermes": "roll_agent.agents.openai_api:parse_hermes"})
+WEIGHT_SYNCS = Registry("weight sync", {
+    "inprocess": "roll_agent.sync.inprocess:InProcessSync.from_config",
+    "broadcast": "roll_agent.sync.actors:BroadcastSync.from_config",
+    "object_store": "roll_agent.sync.actors:ObjectStoreSync.from_config",
+})
 SANDBOXES = Registry("sandbox backend", {
     "docker": "sandboxes.docker_backend:DockerSandbox",
     "bwrap": "sandboxes.bwrap_backend:BwrapSandbox",

@@ -10,6 +10,7 @@ from collections import Counter
 import torch
 
 from roll_agent.proxy.engines.hf import HFEngine
+from roll_agent.sync.inprocess import InProcessSync
 from roll_agent.train.trainer import TorchTrainer
 from sandboxes.config import LocalConfig
 from sandboxes.local_backend import LocalSandbox
@@ -67,6 +68,18 @@ class ListTracker:
 
     def close(self):
         CALLS["tracker.close"] += 1
+
+
+class CountingSync(InProcessSync):
+    """weight_sync.type=tests.plugins:counting_sync: the in-process copy, counting its pushes."""
+
+    async def push(self, engines, version):
+        CALLS["weight_sync.push"] += 1
+        return await super().push(engines, version)
+
+
+def counting_sync(trainer, cfg):
+    return CountingSync(trainer.named_weights)
 
 
 def shouting_tool_parser(text: str):

@@ -16,7 +16,7 @@ from roll_agent.config import ConfigError, EndpointConfig
 from roll_agent.config_loader import load_config
 from roll_agent.metrics import read_rows
 from roll_agent.registry import ADVANTAGES, ENGINES, LOSSES, SANDBOXES, TOOL_PARSERS, TRACKERS, TRAINERS, \
-    Registry, RegistryError
+    WEIGHT_SYNCS, Registry, RegistryError
 from roll_agent.run import train
 from sandboxes import make_sandbox
 from tests import plugins
@@ -27,10 +27,10 @@ from tests.test_run import SMALL
 ROOT = Path(__file__).parents[1]
 # where each kind's built-ins live (the layers of tests/test_layering.py)
 HOMES = {"engine": ENGINES, "trainer": TRAINERS, "advantage": ADVANTAGES, "loss": LOSSES, "tracker": TRACKERS,
-         "tool parser": TOOL_PARSERS, "sandbox": SANDBOXES}
+         "tool parser": TOOL_PARSERS, "weight sync": WEIGHT_SYNCS, "sandbox": SANDBOXES}
 LAYER = {"engine": "roll_agent.proxy.engines.", "trainer": "roll_agent.train.", "advantage": "roll_agent.train.",
          "loss": "roll_agent.train.", "tracker": "roll_agent.trackers", "tool parser": "roll_agent.agents.",
-         "sandbox": "sandboxes."}
+         "weight sync": "roll_agent.sync.", "sandbox": "sandboxes."}
 
 
 @pytest.mark.parametrize("kind", HOMES)
@@ -41,8 +41,12 @@ def test_every_builtin_names_code_in_its_layer(kind):
         module, _, attr = HOMES[kind]._entries[name].partition(":")
         assert module.startswith(LAYER[kind]), (name, module)
         path = ROOT / Path(*module.split(".")).with_suffix(".py")
-        defined = {n.name for n in ast.parse(path.read_text()).body if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
-        assert attr in defined, f"{kind} {name}: {module} defines no {attr}"
+        body = ast.parse(path.read_text()).body
+        for part in attr.split("."):  # Class.method
+            found = [n for n in body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
+                     and n.name == part]
+            assert found, f"{kind} {name}: {module} defines no {attr}"
+            body = found[0].body if isinstance(found[0], ast.ClassDef) else []
 
 
 def test_builtins_resolve_where_installed():
@@ -67,6 +71,19 @@ def test_unknown_names_fail_at_config_time_naming_the_registered_ones(tmp_path):
             load_config(None, [override, f"output_dir={tmp_path}"])
 
 
+def test_the_weight_sync_is_checked_against_the_runtime(tmp_path):
+    from roll_agent.sync import weight_sync_type
+
+    assert weight_sync_type(load_config(None, [f"output_dir={tmp_path}"])) == "inprocess"
+    ray = ["runtime.type=ray", f"output_dir={tmp_path}"]
+    assert weight_sync_type(load_config(None, ray)) == "broadcast"
+    assert weight_sync_type(load_config(None, ray + ["model.lora.enabled=true"])) == "object_store"
+    with pytest.raises(ConfigError, match="weight_sync.type=broadcast moves weights between processes"):
+        weight_sync_type(load_config(None, ["weight_sync.type=broadcast", f"output_dir={tmp_path}"]))
+    with pytest.raises(ConfigError, match="no weight sync named 'brodcast'.*Did you mean 'broadcast'"):
+        load_config(None, ["weight_sync.type=brodcast"])
+
+
 def test_a_registry_refuses_a_second_entry_of_one_name():
     registry = Registry("widget", {"a": "json:dumps"})
     assert registry.register("b", len) is len and registry.get("b") is len and registry.get("a").__name__ == "dumps"
@@ -76,7 +93,7 @@ def test_a_registry_refuses_a_second_entry_of_one_name():
 
 @pytest.mark.slow
 def test_a_run_uses_a_plugin_of_each_kind_named_in_its_config(tmp_path):
-    """Engine, trainer, advantage estimator, loss and tracker from tests/plugins.py, by config alone
+    """Engine, trainer, advantage estimator, loss, tracker and weight sync from tests/plugins.py, by config alone
     (the trainer in this process so its calls are counted here)."""
     plugins.CALLS.clear()
     for seen in plugins.SEEN.values():
@@ -85,11 +102,13 @@ def test_a_run_uses_a_plugin_of_each_kind_named_in_its_config(tmp_path):
         f"output_dir={tmp_path}", "max_steps=2", "runtime.trainer_process=false",
         "engine.type=tests.plugins:CountingEngine", "trainer.type=tests.plugins:CountingTrainer",
         "algorithm.advantage=tests.plugins:last_turn_sign", "algorithm.loss=tests.plugins:vanilla_pg_loss",
-        "algorithm.kl_coef=0.0", "logging.backends=[jsonl,tests.plugins:ListTracker]"])
+        "algorithm.kl_coef=0.0", "logging.backends=[jsonl,tests.plugins:ListTracker]",
+        "weight_sync.type=tests.plugins:counting_sync"])
     assert run(train(cfg), timeout=300) == 2
     calls = plugins.CALLS
     assert calls["engine.generate"] > 0 and calls["trainer.step"] == 2 and calls["advantage"] == 2
     assert calls["loss"] > 0 and calls["tracker.open"] == 1 and calls["tracker.close"] == 1
+    assert calls["weight_sync.push"] >= 2  # after each step (and the run's first weights)
     # the estimator saw each batch's episodes (2 groups of 2, their turns) and the tracker every step's row
     assert all(len(turns) == 4 and all(n >= 1 for n in turns) for turns in plugins.SEEN["advantage_turns"])
     tracked = {step: row for step, row in plugins.SEEN["tracker_rows"] if "loss" in row}

@@ -8,20 +8,18 @@ from pathlib import Path
 
 import torch
 
-from roll_agent.config import Config, ConfigError
+from roll_agent.config import Config
 from roll_agent.proxy.engines import make_engines
 from roll_agent.rollout.chat import ChatFormatter
 from roll_agent.rollout.env_workers import EnvWorkers
 from roll_agent.rollout.stack import RolloutStack, build_rollout
-from roll_agent.sync.inprocess import InProcessSync
+from roll_agent.sync import make_weight_sync, weight_sync_type
 from roll_agent.train.trainer import trainer_for_run
 
 
 class LocalRuntime:
     def __init__(self, cfg: Config, model_path: str, output_dir: Path):
-        if cfg.weight_sync.type not in ("auto", "inprocess"):
-            raise ConfigError(f"weight_sync.type={cfg.weight_sync.type} moves weights between processes: "
-                              "use it with runtime.type=ray, or set weight_sync.type=auto")
+        weight_sync_type(cfg)  # checked before any work
         self.cfg = cfg
         self.model_path = model_path
         # the child hands over its CPU parameters in shared memory: the torch trainer on CPU only
@@ -55,7 +53,7 @@ class LocalRuntime:
         cfg = self.cfg
         engines = make_engines(cfg.engine, cfg.model, self.model_path, seed=cfg.seed)
         return build_rollout(formatter, cfg.rollout, cfg.envs, engines, cfg.proxy, cfg.seed, trainer.version,
-                             cfg.watchdog, InProcessSync(trainer.named_weights), cfg.endpoint, self.env_workers)
+                             cfg.watchdog, make_weight_sync(cfg, trainer), cfg.endpoint, self.env_workers)
 
 
 def process_threads(torch_threads: int, trainer_process: bool) -> int:

@@ -35,7 +35,7 @@ from roll_agent.rollout.groups import GroupScheduler
 from roll_agent.runtime.forward import answer, answer_async, forwards
 from roll_agent.runtime.ray_supervisor import restarted_pid
 from roll_agent.sync import actors as actor_sync
-from roll_agent.sync.actors import BroadcastSync, ObjectStoreSync
+from roll_agent.sync import make_weight_sync
 from roll_agent.types import EngineOutput, GenerateRequest, GenerateResult, Group, Status
 from roll_agent.watchdog import Watchdog
 
@@ -138,12 +138,10 @@ async def _close_engine(engine) -> None:
     actor_sync.leave_group()
 
 
-def build_proxy(cfg: Config, engine_handles: list, trainer, sync_type: str, version: int) -> LLMProxy:
+def build_proxy(cfg: Config, engine_handles: list, trainer, version: int) -> LLMProxy:
     """The proxy actor's component: the LLMProxy over the engine actors, pushing the trainer
-    actor's weights into them (`sync_type`: broadcast or object_store)."""
-    verify = cfg.weight_sync.verify
-    sync = ObjectStoreSync(trainer, verify) if sync_type == "object_store" else \
-        BroadcastSync(trainer, cfg.weight_sync.bucket_mb, cfg.trainer.device, cfg.engine.device, verify)
+    actor's weights into them (roll_agent/sync/__init__.py: broadcast or object_store)."""
+    sync = make_weight_sync(cfg, trainer)
     engines = [RemoteEngine(h, i) for i, h in enumerate(engine_handles)]
     # the watchdog times requests (request_timeout_s); its counts reach the driver's (`report`)
     return LLMProxy(engines, cfg.proxy, version=version, watchdog=Watchdog(cfg.watchdog), weight_sync=sync)

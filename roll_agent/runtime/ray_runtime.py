@@ -48,6 +48,7 @@ from roll_agent.runtime.forward import AsyncHost, Host, forwards
 from roll_agent.runtime import ray_hosts
 from roll_agent.runtime.ray_hosts import BufferHost, EnvWorker, RemoteProxy, call
 from roll_agent.runtime.ray_supervisor import WorkerSupervisor
+from roll_agent.sync import weight_sync_type
 from roll_agent.watchdog import Watchdog
 
 log = logging.getLogger(__name__)
@@ -78,28 +79,12 @@ def start_local_cluster(output_dir: Path, num_cpus: int, num_gpus: int = 0) -> N
              runtime_env={"env_vars": {"PYTHONPATH": path, "TOKENIZERS_PARALLELISM": "false"}})
 
 
-def _sync_type(cfg: Config) -> str:
-    kind = cfg.weight_sync.type
-    if kind == "inprocess":
-        raise ConfigError("weight_sync.type=inprocess needs one process: under runtime.type=ray use auto, "
-                          "broadcast or object_store")
-    # DeepSpeed's trainer owns the actor's default process group (a world of one), which
-    # the broadcast group would replace: its weights go through the object store
-    deepspeed = cfg.trainer.type == "deepspeed"
-    if kind == "broadcast" and deepspeed:
-        raise ConfigError("weight_sync.type=broadcast cannot run beside trainer.type=deepspeed under "
-                          "runtime.type=ray (both need the trainer actor's process group): use auto or object_store")
-    if kind == "auto":
-        return "object_store" if cfg.model.lora.enabled or deepspeed else "broadcast"
-    return kind
-
-
 class RayRuntime:
     def __init__(self, cfg: Config, model_path: str, output_dir: Path):
         self.cfg, self.rc = cfg, cfg.runtime.ray
         self.model_path = model_path
         self.output_dir = output_dir
-        self.sync_type = _sync_type(cfg)
+        weight_sync_type(cfg)  # checked before any work
         self.num_workers = min(self.rc.env_workers, cfg.rollout.num_env_groups)
         self.actors: list = []
         self.pg = None
@@ -188,7 +173,7 @@ class RayRuntime:
                        1 + i, rc.cpus_per_engine, rc.gpus_per_engine, max_restarts=rc.max_restarts))
                    .remote(Engine, build_engine, cfg, self.model_path, cfg.seed + i) for i in range(cfg.engine.num_engines)]
         proxy = ray.remote(AsyncHost).options(name="proxy", **self._at(0, max_concurrency=10_000)).remote(
-            Proxy, ray_hosts.build_proxy, cfg, engines, trainer.handle, self.sync_type, version)
+            Proxy, ray_hosts.build_proxy, cfg, engines, trainer.handle, version)
         buffer = ray.remote(BufferHost).options(name="buffer", **self._at(0, max_concurrency=10_000)).remote(
             cfg.rollout, version)
         first = 1 + cfg.engine.num_engines

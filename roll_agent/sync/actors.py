@@ -150,6 +150,11 @@ class BroadcastSync:
         self.spec = None
         self.members: tuple | None = None  # (index, pid) of the engines in the group formed last
 
+    @classmethod
+    def from_config(cls, trainer, cfg) -> "BroadcastSync":
+        """weight_sync.type=broadcast: `trainer` is the trainer actor."""
+        return cls(trainer, cfg.weight_sync.bucket_mb, cfg.trainer.device, cfg.engine.device, cfg.weight_sync.verify)
+
     async def _form(self, engines: list) -> None:
         if self.spec is None:
             self.spec = await self.trainer.apply.remote(weight_spec)
@@ -186,6 +191,11 @@ class ObjectStoreSync:
     def __init__(self, trainer, verify: bool = False):
         self.trainer = trainer
         self.verify = verify
+
+    @classmethod
+    def from_config(cls, trainer, cfg) -> "ObjectStoreSync":
+        """weight_sync.type=object_store: `trainer` is the trainer actor."""
+        return cls(trainer, cfg.weight_sync.verify)
 
     async def push(self, engines: list, version: int) -> SyncReport:
         start = time.perf_counter()

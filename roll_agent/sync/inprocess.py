@@ -18,6 +18,11 @@ class InProcessSync:
     def __init__(self, named_weights: Callable[[], NamedTensors]):
         self.named_weights = named_weights
 
+    @classmethod
+    def from_config(cls, trainer, cfg) -> "InProcessSync":
+        """weight_sync.type=inprocess (the local runtime's): `trainer` is the trainer itself."""
+        return cls(trainer.named_weights)
+
     async def push(self, engines: list, version: int) -> SyncReport:
         start = time.perf_counter()
         tensors = list(self.named_weights())
