@@ -45,7 +45,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.common import result_line  # noqa: E402
 from roll_agent.config import EnvSpec, RolloutConfig  # noqa: E402
 from roll_agent.rollout.env_workers import EnvWorkers, num_workers, warm_up  # noqa: E402
-from roll_agent.rollout.envs import make_env  # noqa: E402
+from roll_agent.env_registry import make_env  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 SHIPPED_ALFWORLD = REPO.parent / "shared" / "data" / "alfworld"

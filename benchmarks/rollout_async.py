@@ -32,7 +32,7 @@ from benchmarks.common import (build_stack, consume, make_formatter, result_line
 from roll_agent.proxy.llm_proxy import LLMProxy  # noqa: E402
 from envs.simulated import SimulatedEnv  # noqa: E402
 from roll_agent.config import RolloutConfig, ScriptedEngineConfig  # noqa: E402
-from roll_agent.rollout.envs import make_env  # noqa: E402
+from roll_agent.env_registry import make_env  # noqa: E402
 from roll_agent.types import GenerateRequest, SamplingParams, Trajectory  # noqa: E402
 
 

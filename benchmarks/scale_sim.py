@@ -40,7 +40,7 @@ from benchmarks.virtual_clock import VirtualClockLoop  # noqa: E402
 from roll_agent.config import RolloutConfig, ScriptedEngineConfig  # noqa: E402
 from roll_agent.controller import update_weights  # noqa: E402
 from roll_agent.proxy.llm_proxy import LLMProxy  # noqa: E402
-from roll_agent.rollout.envs import make_env  # noqa: E402
+from roll_agent.env_registry import make_env  # noqa: E402
 
 PAPER = {"env_async": 2.46, "redundancy": 5.45}
 

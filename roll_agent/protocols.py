@@ -68,17 +68,14 @@ class WeightSync(Protocol):
 
 @runtime_checkable
 class Proxy(Protocol):
-    """The LLMProxy: what an EnvManager calls (generate, clear_abort) and what the controller
-    calls (suspend -> push_weights -> resume)."""
+    """The LLMProxy: what an EnvManager calls (generate) and what the controller calls
+    (suspend -> push_weights -> resume)."""
 
     version: int  # the weights it serves now: dates an episode's start
 
     async def generate(self, request: GenerateRequest) -> GenerateResult:
-        """Raises GenerationAborted once `abort(request.env_id)` was called, Unsupported for what its
-        engines cannot serve. Passes the tokens to `request.on_tokens` as they come, where it can."""
-
-    def clear_abort(self, env_id: str) -> None:
-        """A notification (returns nothing): the env may generate again."""
+        """Raises Unsupported for what its engines cannot serve. Passes the tokens to
+        `request.on_tokens` as they come, where it can."""
 
     async def suspend(self) -> None:
         """Stop dispatch; in-flight requests are aborted (re-issued after resume) or drained.

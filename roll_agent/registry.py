@@ -83,7 +83,7 @@ def load_named(path: str, kind: str) -> Any:
     try:
         target = importlib.import_module(module)
     except ImportError as exc:
-        raise RegistryError(f"the {kind} {path!r} cannot be imported: {exc}") from exc
+        raise RegistryError(f"the {kind} {path!r} cannot be imported: {exc} (is its module on PYTHONPATH?)") from exc
     for part in attr.split("."):
         if not part or not hasattr(target, part):
             raise RegistryError(f"the {kind} {path!r}: module {module!r} has no {attr!r} (name it as "

@@ -21,7 +21,7 @@ from roll_agent.config_loader import load_config, to_dict, to_yaml
 from roll_agent.controller import AsyncController, Components
 from roll_agent.metrics import MetricsLogger, plot_curves
 from roll_agent.rollout.chat import ChatFormatter
-from roll_agent.rollout.envs import check_env_specs
+from roll_agent.env_registry import check_env_specs
 from roll_agent.runtime import open_runtime
 from roll_agent.tiny_model import prepare_model
 from roll_agent.trackers import check_trackers

@@ -58,7 +58,7 @@ def env_corpus(env_specs: list[EnvSpec], episodes_per_env: int = 24, seed: int =
     """Instructions, observations and actions of short random and expert episodes."""
     from tqdm import tqdm
 
-    from roll_agent.rollout.envs import make_env
+    from roll_agent.env_registry import make_env
 
     rng = random.Random(seed)
     texts: list[str] = []

@@ -51,9 +51,6 @@ class ExpertPolicy:
         ids = ids[:budget]
         return GenerateResult(ids, [0.0] * len(ids), [0] * len(ids), finish, request.request_id, 0)
 
-    def clear_abort(self, env_id: str) -> None:
-        """Never aborted."""
-
 
 async def expert_action(env) -> str:
     """The env's `expert_action()`, in this process or in the env's worker process."""

@@ -177,12 +177,6 @@ class SandboxBase:
     async def awrite_file(self, path: str, content: str | bytes) -> None:
         await _in_thread(self.write_file, path, content)
 
-    async def aupload(self, local_dir: str, path: str) -> None:
-        await _in_thread(self.upload, local_dir, path)
-
-    async def adownload(self, path: str, dest: str | None = None):
-        return await _in_thread(self.download, path, dest)
-
     async def aclose(self) -> None:
         await _in_thread(self.close)
 

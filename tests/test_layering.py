@@ -72,6 +72,7 @@ RULES = [
     ("roll_agent.rollout", "roll_agent.train", ()),
     # the agent endpoint serves through the proxy's contract; it knows no trainer
     ("roll_agent.agents", "roll_agent.train", ()), ("roll_agent.agents", "roll_agent.proxy", ()),
+    ("roll_agent.agents", "roll_agent.rollout", ()),  # the rollout plays agent episodes: it imports agents
     # weight syncs know the engines' and the trainer's contracts only
     *[("roll_agent.sync", layer, ()) for layer in ("roll_agent.proxy", "roll_agent.rollout", "roll_agent.train")],
     # the composition: only run.py opens a runtime; no component knows where it runs

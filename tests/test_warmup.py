@@ -43,7 +43,7 @@ def test_demonstrations_are_the_experts_actions_played_by_the_rollout_loop(tiny_
 
     from transformers import AutoTokenizer
 
-    from roll_agent.rollout.envs import make_env
+    from roll_agent.env_registry import make_env
     from roll_agent.types import Status
     from roll_agent.warmup import expert_manager
 

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import importlib
 import inspect
 import json
 import os
@@ -31,6 +30,8 @@ import tempfile
 import traceback
 from dataclasses import dataclass, field
 from typing import Any
+
+from roll_agent.registry import load_named
 
 TAIL_CHARS = 4000  # of a failing agent's stderr or traceback, kept in the episode's error
 
@@ -60,11 +61,7 @@ class AgentSpec:
             raise ValueError(f"timeout_s must be > 0, got {self.timeout_s}")
 
     def load(self):
-        module, _, name = self.function.partition(":")
-        try:
-            return getattr(importlib.import_module(module), name)
-        except (ImportError, AttributeError) as exc:
-            raise ValueError(f"cannot import the agent {self.function!r}: {exc} (is its module on PYTHONPATH?)") from exc
+        return load_named(self.function, "agent")
 
 
 _ssl_context = None

@@ -26,7 +26,6 @@ in the rollout's process (others run in agent worker processes: roll_agent/agent
 
 from __future__ import annotations
 
-import importlib
 import json
 import numbers
 from pathlib import Path
@@ -36,18 +35,11 @@ import gymnasium
 from gymnasium import spaces
 
 from roll_agent.agents.runner import AgentSpec
+from roll_agent.config import EnvSpec
+from roll_agent.env_registry import make_env
+from roll_agent.registry import load_named
 
 _TEXT = spaces.Text(max_length=1_000_000, charset="".join(chr(c) for c in range(32, 127)) + "\n\t")
-
-
-def _import(path: str, what: str):
-    module, _, name = path.partition(":")
-    if not name:
-        raise ValueError(f"{what}={path!r}: name it as module:function")
-    try:
-        return getattr(importlib.import_module(module), name)
-    except (ImportError, AttributeError) as exc:
-        raise ValueError(f"cannot import {what} {path!r}: {exc} (is its module on PYTHONPATH?)") from exc
 
 
 class AgentTaskEnv(gymnasium.Env):
@@ -68,11 +60,8 @@ class AgentTaskEnv(gymnasium.Env):
         if tasks:
             self.tasks = _read_tasks(Path(tasks))
         else:
-            from roll_agent.rollout.envs import make_env
-            from roll_agent.config import EnvSpec
-
             self.inner = make_env(EnvSpec(id=task_env, kwargs=dict(task_env_kwargs or {})))
-        self.reward_fn = _import(reward, "reward") if reward else None
+        self.reward_fn = load_named(reward, "reward") if reward else None
         self.task: Any = None
 
     def reset(self, *, seed: int | None = None, options: dict | None = None):

@@ -37,10 +37,6 @@ from roll_agent.watchdog import Watchdog
 log = logging.getLogger(__name__)
 
 
-class GenerationAborted(Exception):
-    """Raised to a caller whose env's requests were aborted with `abort(env_id)`."""
-
-
 class EngineFailure(RuntimeError):
     """A request failed on every try, or no engine is left to serve it."""
 
@@ -58,7 +54,6 @@ class LLMProxy:
         self._load = [0] * len(engines)
         self._sticky: dict[str, int] = {}
         self._inflight: dict[str, tuple[int, str, str]] = {}  # sub-request id -> (engine, env, request)
-        self._aborted_envs: set[str] = set()
         self._running = asyncio.Event()
         self._running.set()
         self._drained = asyncio.Event()
@@ -69,7 +64,7 @@ class LLMProxy:
         self._restarts: set[asyncio.Task] = set()
         self.weight_sync = weight_sync or VersionOnlySync()
         self._updating = asyncio.Lock()  # held from suspend() to resume(), and by a restart's push
-        self.stats = {"requests": 0, "reissues": 0, "user_aborts": 0, "gen_tokens": 0, "request_failures": 0,
+        self.stats = {"requests": 0, "reissues": 0, "gen_tokens": 0, "request_failures": 0,
                       "engine_crashes": 0, "engine_restarts": 0, "sync_retries": 0}
 
     # ---- callers -------------------------------------------------------
@@ -80,8 +75,6 @@ class LLMProxy:
         self.stats["requests"] += 1
         while True:
             await self._running.wait()
-            if request.env_id in self._aborted_envs:
-                raise GenerationAborted(request.env_id)
             idx = await self._route_live(request.env_id, failed_on)
             version = self.version
             sub_id = f"{request.request_id}.{attempt}"
@@ -120,8 +113,6 @@ class LLMProxy:
             self.stats["gen_tokens"] += len(out.token_ids)
             if out.finish_reason != "abort":
                 return answer.result(out.finish_reason, request.request_id, attempt)
-            if request.env_id in self._aborted_envs:
-                raise GenerationAborted(request.env_id)
             if len(answer.tokens) >= request.sampling.max_new_tokens:
                 return answer.result("length", request.request_id, attempt)
             attempt += 1
@@ -221,20 +212,6 @@ class LLMProxy:
     async def resume(self) -> None:
         self._running.set()
         self._updating.release()
-
-    async def abort(self, env_id: str) -> None:
-        """Abort every in-flight request of `env_id`; its callers get GenerationAborted."""
-        self._aborted_envs.add(env_id)
-        self.stats["user_aborts"] += 1
-        targets = [(i, sub) for sub, (i, env, _) in list(self._inflight.items()) if env == env_id]
-        await asyncio.gather(*(self.engines[i].abort(sub) for i, sub in targets))
-
-    def clear_abort(self, env_id: str) -> None:
-        self._aborted_envs.discard(env_id)
-
-    @property
-    def num_inflight(self) -> int:
-        return len(self._inflight)
 
     async def close(self) -> None:
         for task in list(self._restarts):

@@ -28,10 +28,9 @@ from concurrent.futures import Executor
 
 from roll_agent.agents.runner import AgentError, AgentSpec, run_agent
 from roll_agent.config import EnvSpec, RolloutConfig
-from roll_agent.proxy.llm_proxy import GenerationAborted
 from roll_agent.rollout.chat import ChatFormatter
 from roll_agent.rollout.env_workers import EnvWorkers
-from roll_agent.rollout.envs import make_env
+from roll_agent.env_registry import make_env
 from roll_agent.types import GenerateRequest, SamplingParams, Status, Trajectory, Turn, state_key
 from roll_agent.watchdog import Watchdog
 
@@ -74,7 +73,7 @@ class EnvManager:
                 return await asyncio.shield(self._thread_call)
         except asyncio.TimeoutError as exc:
             raise EnvStepError(str(exc)) from exc
-        except (asyncio.CancelledError, GenerationAborted):
+        except asyncio.CancelledError:
             raise
         except Exception as exc:
             raise EnvStepError(f"{type(exc).__name__}: {exc}") from exc
@@ -86,7 +85,7 @@ class EnvManager:
                 return await call(*args, **kwargs)
         except asyncio.TimeoutError as exc:
             raise EnvStepError(str(exc)) from exc
-        except (asyncio.CancelledError, GenerationAborted):
+        except asyncio.CancelledError:
             raise
         except Exception as exc:
             raise EnvStepError(f"{type(exc).__name__}: {exc}") from exc
@@ -148,10 +147,6 @@ class EnvManager:
             traj.status = Status.ENV_ERROR
             traj.error = str(exc) or f"episode timed out after {self.cfg.episode_timeout_s:.0f}s"
             await self._discard_env()
-        except GenerationAborted:
-            traj.status = Status.CANCELLED
-            traj.error = "aborted by proxy.abort"
-            self.proxy.clear_abort(self.env_id)
         except asyncio.CancelledError:
             traj.status = Status.CANCELLED
             raise

@@ -68,7 +68,7 @@ def num_workers(spec: EnvSpec) -> int:
 
 def warm_up(spec: EnvSpec) -> None:
     """One env of `spec` made and its `warm_up()` called, if its class has one; then closed."""
-    from roll_agent.rollout.envs import make_env
+    from roll_agent.env_registry import make_env
 
     if callable(getattr(env_creator(spec.id), "warm_up", None)):
         env = make_env(spec)
@@ -83,7 +83,7 @@ def warm_up(spec: EnvSpec) -> None:
 
 def serve(fd: int) -> None:
     """A worker's main loop: (call id, op, env key, args) in, (call id, ok, result) out."""
-    from roll_agent.rollout.envs import make_env
+    from roll_agent.env_registry import make_env
 
     conn = Connection(fd)
     hosted: dict[int, gymnasium.Env] = {}

@@ -9,7 +9,7 @@
 
 The plain attributes a protocol declares (a trainer's `version`) travel back with every
 answer, so the caller's copy is as new as its last call. A client on an event loop may send
-a plain method that returns None as a notification, not waited for (`RemoteProxy.clear_abort`).
+a plain method that returns None as a notification, not waited for (`RemoteLedger.start`).
 A method added to a protocol is forwarded with no edit here or in a runtime. `Host` is the
 Ray actor that holds one component.
 """

@@ -283,11 +283,6 @@ def kl_k3(logp: torch.Tensor, logp_ref: torch.Tensor) -> torch.Tensor:
     return (torch.expm1(d) - d).clamp_min(0.0)
 
 
-def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
-    """Per-position entropy [...] of softmax(logits [..., V]) over the last dim."""
-    return entropy_from_log_softmax(torch.log_softmax(logits, dim=-1))
-
-
 def entropy_from_log_softmax(logp: torch.Tensor) -> torch.Tensor:
     """Per-position entropy [...] from log-probabilities [..., V] (a log_softmax)."""
     # -inf logits (masked vocab) give p=0, logp=-inf; 0 * -inf would be NaN, so

@@ -179,7 +179,7 @@ def test_a_client_that_goes_away_has_its_request_aborted(formatter):
                 if stack.proxy.engines[0].aborted_ids:
                     break
                 await asyncio.sleep(0.05)
-            return stack.proxy.engines[0].aborted_ids, session, stack.proxy.num_inflight
+            return stack.proxy.engines[0].aborted_ids, session, len(stack.proxy._inflight)
 
     aborted, session, inflight = run(go())
     assert aborted and inflight == 0

@@ -211,7 +211,7 @@ def test_an_episode_ending_mid_stream_is_an_error_event_and_nothing_is_recorded(
             return pieces, session
 
     pieces, session = run(go())
-    assert pieces and session.calls == 0 and stack.proxy.num_inflight == 0
+    assert pieces and session.calls == 0 and not stack.proxy._inflight
     assert stack.endpoint.stats["ended"] == 1 and stack.endpoint.stats["errors"] == 0
 
 

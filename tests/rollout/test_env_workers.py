@@ -13,7 +13,7 @@ import pytest
 from roll_agent.config import ConfigError, EnvSpec, RolloutConfig
 from roll_agent.config_loader import load_config
 from roll_agent.rollout.env_workers import MAX_DEFAULT_WORKERS, EnvWorkers, num_workers
-from roll_agent.rollout.envs import make_env
+from roll_agent.env_registry import make_env
 from roll_agent.types import Status
 from roll_agent.worker_process import WorkerError
 from tests.conftest import run

@@ -36,4 +36,4 @@ def test_300_envs_at_once_complete_and_add_up(formatter):
     acc = stack.stats().accounting()
     assert acc["accounting_ok"], acc
     assert acc["episodes_total_finished"] + acc["episodes_total_truncated"] == steps * (lanes // 2) * size
-    assert len(stack.watchdog.waits) == 0 and stack.proxy.num_inflight == 0  # nothing left waiting
+    assert len(stack.watchdog.waits) == 0 and not stack.proxy._inflight  # nothing left waiting

@@ -13,9 +13,10 @@ from roll_agent import protocols
 from roll_agent.config import RolloutConfig, ScriptedEngineConfig
 from roll_agent.proxy.engines.scripted import ScriptedEngine
 from roll_agent.proxy.llm_proxy import LLMProxy
+from roll_agent.rollout.accounting import EpisodeLedger
 from roll_agent.rollout.buffer import SampleBuffer
 from roll_agent.runtime.forward import answer, answer_async, forwards, members
-from roll_agent.types import GenerateRequest, Group, SamplingParams, Trajectory
+from roll_agent.types import GenerateRequest, Group, SamplingParams, Status, Trajectory
 from tests.conftest import run
 
 
@@ -49,16 +50,24 @@ def test_a_derived_client_forwards_calls_and_brings_back_the_served_version():
     client = LoopbackProxy(proxy)
     assert isinstance(client, protocols.Proxy)
 
-    async def scenario():
-        result = await client.generate(GenerateRequest([1, 2, 3], SamplingParams(max_new_tokens=3), "env-0"))
-        client.clear_abort("env-0")
-        return result
-
-    result = run(scenario())
+    result = run(client.generate(GenerateRequest([1, 2, 3], SamplingParams(max_new_tokens=3), "env-0")))
     assert len(result.token_ids) == 3 and result.versions == [4, 4, 4]
     assert client.version == 4  # the proxy's served version came back with the answer
-    assert client.notifications == ["clear_abort"]
     assert proxy.stats["requests"] == 1
+
+
+@forwards(protocols.Ledger)
+class LoopbackLedger(LoopbackProxy):
+    pass
+
+
+def test_a_plain_method_is_sent_as_a_notification():
+    ledger = EpisodeLedger()
+    client = LoopbackLedger(ledger, protocols.Ledger)
+    assert isinstance(client, protocols.Ledger)
+    assert client.start(3) is None and client.end(Status.FINISHED, 2) is None
+    assert client.notifications == ["start", "end"]
+    assert ledger.counts == {"started": 3, "finished": 2}
 
 
 def test_only_the_contract_is_callable_and_a_method_added_to_it_is_forwarded_with_no_edit():

@@ -17,7 +17,7 @@ from roll_agent.train.algorithms import (
     aggregate,
     compute_advantages,
     discounted_returns,
-    entropy_from_logits,
+    entropy_from_log_softmax,
     kl_k3,
     policy_loss,
     turn_advantages,
@@ -343,24 +343,29 @@ def test_kl_k3_gradient():
     assert lp.grad.item() == pytest.approx(1.0 - 2.0)
 
 
+def entropy_of_logits(logits: torch.Tensor) -> torch.Tensor:
+    """What the trainer computes from its logits (roll_agent/train/policy.py)."""
+    return entropy_from_log_softmax(torch.log_softmax(logits, dim=-1))
+
+
 def test_entropy_uniform_is_log_v():
     v = 7
-    out = entropy_from_logits(torch.zeros(2, 3, v, dtype=F64) + 5.0)
+    out = entropy_of_logits(torch.zeros(2, 3, v, dtype=F64) + 5.0)
     assert out.shape == (2, 3)
     assert_close(out, torch.full((2, 3), math.log(v), dtype=F64))
 
 
 def test_entropy_peaked_and_two_class():
     peaked = t([[[100.0, 0.0, 0.0, 0.0], [0.0, 0.0, -1e4, 1e4]]])
-    assert entropy_from_logits(peaked).abs().max().item() < 1e-30
+    assert entropy_of_logits(peaked).abs().max().item() < 1e-30
     p, q = 0.25, 0.75  # logits [0, ln 3]
-    out = entropy_from_logits(t([[[0.0, LN(3.0)]]]))
+    out = entropy_of_logits(t([[[0.0, LN(3.0)]]]))
     assert out.item() == pytest.approx(-(p * math.log(p) + q * math.log(q)))
 
 
 def test_entropy_neg_inf_logits_finite():
     x = t([[[0.0, 0.0, float("-inf")]]], requires_grad=True)
-    out = entropy_from_logits(x)
+    out = entropy_of_logits(x)
     assert out.item() == pytest.approx(math.log(2.0))
     out.sum().backward()
     assert torch.isfinite(x.grad).all()

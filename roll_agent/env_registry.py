@@ -1,4 +1,5 @@
-"""Make envs from their gymnasium ids (built-ins and a user's `module:Name-v0`)."""
+"""Make envs from their gymnasium ids (built-ins and a user's `module:Name-v0`): envs are the one
+plug-in kind whose registry is gymnasium's own (roll_agent/registry.py has the others)."""
 
 from __future__ import annotations
 
