@@ -78,6 +78,9 @@ async def run_components(cfg: Config, runtime, model_path: str, out: Path) -> in
     trainer = runtime.make_trainer()
     checkpointer = Checkpointer(out, cfg.checkpoint.keep_last)
     resume_from = checkpointer.latest() if cfg.resume else None
+    if cfg.resume and resume_from is None:
+        logging.getLogger(__name__).warning("resume=true, but %s holds no checkpoint: this run starts from scratch",
+                                            out / "checkpoints")
     rollout_state = checkpointer.load(resume_from, trainer) if resume_from else None
     first_step = trainer.version
     logger = MetricsLogger(out, cfg.logging, cfg.max_steps, first_step, run_config=to_dict(cfg))

@@ -79,3 +79,12 @@ def test_five_sigkills_then_resume_trains_every_sample_once(tmp_path):
     assert all(r["accounting_ok"] for r in steps)
     final = torch.load(tmp_path / "checkpoints" / f"step_{MAX_STEPS:06d}" / "trainer_state.pt", weights_only=False)
     assert final["version"] == MAX_STEPS
+
+
+@pytest.mark.slow
+def test_resume_with_no_checkpoint_says_it_starts_from_scratch(tmp_path):
+    cmd = [sys.executable, "-m", "roll_agent.run", *FAST, "max_steps=1", f"output_dir={tmp_path}"]
+    done = subprocess.run(cmd, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert f"resume=true, but {tmp_path / 'checkpoints'} holds no checkpoint: this run starts from scratch" in done.stderr
