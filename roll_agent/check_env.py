@@ -37,6 +37,8 @@ from gymnasium.utils.env_checker import check_env, data_equivalence
 
 from envs import parse_kwargs
 from roll_agent.config import EnvSpec
+from roll_agent.env_extras import expert, extras
+from roll_agent.env_registry import make_env
 from roll_agent.rollout.env_workers import EnvWorkers, declares_thread_safe
 from roll_agent.worker_process import WorkerError
 
@@ -146,11 +148,11 @@ def check_valid_actions(env: gymnasium.Env) -> None:
 
 
 def check_expert_action(env: gymnasium.Env) -> None:
-    expert = getattr(env.unwrapped, "expert_action", None)
-    if expert is None:
+    act = expert(env)
+    if act is None:
         return
     env.reset(seed=SEED)
-    action = expert()
+    action = act()
     assert isinstance(action, str), f"expert_action() must return a str, got {type(action)}"
     assert not _checked_step(env, action)[4].get("invalid_action"), f"expert action {action!r} is invalid"
 
@@ -294,9 +296,9 @@ def _probe_action(env: gymnasium.Env, info: dict) -> str:
     """A valid action to try: an admissible one, else the expert's, else a seeded sample."""
     if info.get("admissible_actions"):
         return info["admissible_actions"][0]
-    expert = getattr(env.unwrapped, "expert_action", None)
-    if expert is not None:
-        return expert()
+    act = expert(env)
+    if act is not None:
+        return act()
     env.action_space.seed(SEED)
     return env.action_space.sample()
 
@@ -341,6 +343,11 @@ def main(argv: list[str] | None = None) -> int:
     notes = dict.fromkeys(str(w.message) for w in caught if issubclass(w.category, ContractWarning))
     for note in notes:
         print(f"WARN  {note}")
+    env = make_env(EnvSpec(id=args.env_id, kwargs=kwargs))
+    try:
+        print(f"EXTRAS  {', '.join(extras(env)) or 'none'} (roll_agent/env_extras.py)")
+    finally:
+        env.close()
     print(f"{args.env_id}: all checks passed" + (f" ({len(notes)} warnings)" if notes else ""))
     return 0
 

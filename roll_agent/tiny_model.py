@@ -19,6 +19,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedTokenizerFast
 
 from roll_agent.config import Config, EnvSpec, TinyModelConfig
+from roll_agent.env_extras import agent_of, expert
 
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 # ChatML, plus tools in the Hermes / Qwen convention: the tool schemas are listed in the system
@@ -71,7 +72,7 @@ def env_corpus(env_specs: list[EnvSpec], episodes_per_env: int = 24, seed: int =
                 bar.update(1)
                 obs, info = env.reset(seed=rng.randrange(10**6))
                 texts += [info.get("instructions", ""), obs] + [json.dumps(t) for t in info.get("tools") or []]
-                if getattr(env.unwrapped, "agent", None) is not None:
+                if agent_of(env) is not None:
                     continue  # an agent env's episode is its agent's run: the task text is what it has
                 for _ in range(12):
                     action = _corpus_action(env, info, rng)
@@ -90,8 +91,8 @@ def _corpus_action(env, info: dict, rng: random.Random) -> str:
     admissible = info.get("admissible_actions")
     if admissible and rng.random() < 0.5:
         return rng.choice(admissible)
-    expert = getattr(env.unwrapped, "expert_action", None)
-    return expert() if expert else "noop"
+    act = expert(env)
+    return act() if act else "noop"
 
 
 def build_tokenizer(corpus: list[str], vocab_size: int) -> PreTrainedTokenizerFast:

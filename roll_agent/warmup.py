@@ -17,9 +17,10 @@ import random
 from tqdm import tqdm
 
 from roll_agent.config import EnvSpec, RolloutConfig, WarmupConfig
+from roll_agent.env_extras import expert_action
 from roll_agent.rollout.chat import ChatFormatter
 from roll_agent.rollout.env_manager import EnvManager
-from roll_agent.rollout.env_workers import EnvWorkers, WorkerEnv
+from roll_agent.rollout.env_workers import EnvWorkers
 from roll_agent.rollout.groups import TRAIN_SEED_SPACE
 from roll_agent.types import GenerateRequest, GenerateResult, Status
 
@@ -50,16 +51,6 @@ class ExpertPolicy:
         self.longest = max(self.longest, len(ids))
         ids = ids[:budget]
         return GenerateResult(ids, [0.0] * len(ids), [0] * len(ids), finish, request.request_id, 0)
-
-
-async def expert_action(env) -> str:
-    """The env's `expert_action()`, in this process or in the env's worker process."""
-    if isinstance(env, WorkerEnv):  # an env that lacks it raises AttributeError in its worker
-        return await env.acall("expert_action")
-    expert = getattr(env.unwrapped, "expert_action", None)
-    if expert is None:
-        raise ValueError(f"{env.spec.id if env.spec else env} has no expert_action(); set warmup.sft_steps=0")
-    return expert()
 
 
 def expert_manager(spec: EnvSpec, formatter: ChatFormatter, rollout: RolloutConfig, epsilon: float,

@@ -2,7 +2,7 @@
 
 The env holds the tasks and the reward; the agent (roll_agent/agents/runner.py) does the rest
 through the endpoint. `reset(seed)` gives the task, `step(result)` scores what the agent
-returned. The EnvManager sees `env.unwrapped.agent` and plays the episode by running the
+returned. The EnvManager sees its `agent` (roll_agent/env_extras.py: AgentEnv) and plays the episode by running the
 agent against its session instead of asking the model itself.
 
     envs:
@@ -36,6 +36,7 @@ from gymnasium import spaces
 
 from roll_agent.agents.runner import AgentSpec
 from roll_agent.config import EnvSpec
+from roll_agent.env_extras import episode_report, evaluator
 from roll_agent.env_registry import make_env
 from roll_agent.registry import load_named
 
@@ -83,7 +84,7 @@ class AgentTaskEnv(gymnasium.Env):
         if self.reward_fn is not None:
             reward = self.reward_fn(self.task, result)
         elif self.inner is not None:
-            evaluate = getattr(self.inner.unwrapped, "evaluate", None)
+            evaluate = evaluator(self.inner)
             if evaluate is not None:
                 reward = evaluate(result)
                 if isinstance(reward, tuple):
@@ -100,8 +101,7 @@ class AgentTaskEnv(gymnasium.Env):
 
     def episode_report(self) -> dict:
         """The task env's report of the episode the agent just ran in it (a SWE grading log)."""
-        report = getattr(self.inner.unwrapped, "episode_report", None) if self.inner is not None else None
-        return report() if report is not None else {}
+        return episode_report(self.inner) if self.inner is not None else {}
 
     def close(self) -> None:
         if self.inner is not None:

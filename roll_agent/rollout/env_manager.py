@@ -8,7 +8,7 @@ async envs to this class), so a slow env never stalls the others (environment-le
 An env that raises or times out ends only its episode, with status `env_error`; the env is
 then rebuilt.
 
-An agent env (roll_agent/Agent-v0: `env.unwrapped.agent`) plays its episode differently: the
+An agent env (roll_agent/Agent-v0: roll_agent/env_extras.py, `AgentEnv`) plays its episode differently: the
 reset gives a task, the user's agent runs against its own session of the OpenAI-compatible
 endpoint (roll_agent/agents/), every model call it makes is recorded token-exactly into the
 trajectory (and its further segments), and `step(result)` scores what the agent returned.
@@ -30,6 +30,7 @@ from roll_agent.agents.runner import AgentError, AgentSpec, run_agent
 from roll_agent.config import EnvSpec, RolloutConfig
 from roll_agent.rollout.chat import ChatFormatter
 from roll_agent.rollout.env_workers import EnvWorkers
+from roll_agent.env_extras import aepisode_report, agent_of, async_env
 from roll_agent.env_registry import make_env
 from roll_agent.types import GenerateRequest, SamplingParams, Status, Trajectory, Turn, state_key
 from roll_agent.watchdog import Watchdog
@@ -110,23 +111,18 @@ class EnvManager:
             _close_quietly(made.result())
 
     async def _step(self, action: str):
-        astep = getattr(self.env.unwrapped, "astep", None)
-        if astep is None:
+        env = async_env(self.env)
+        if env is None:
             return await self._call(self.env.step, action, timeout=self.cfg.step_timeout_s)
-        return await self._await("astep", astep, action, timeout=self.cfg.step_timeout_s)
+        return await self._await("astep", env.astep, action, timeout=self.cfg.step_timeout_s)
 
     async def _episode_report(self) -> dict:
         """The env's optional `episode_report()`: extras of the episode just ended for the rollout
         dumps that may differ from run to run (a SWE grading log with its timings), kept out of
         `info` so that a seeded episode's infos stay reproducible (roll_agent/check_env.py).
         A report that fails is logged and left out: the episode stands."""
-        env = self.env.unwrapped
         try:
-            areport = getattr(env, "aepisode_report", None)  # an env in a worker process
-            if areport is not None:
-                return dict(await areport())
-            report = getattr(env, "episode_report", None)
-            return dict(report()) if report is not None else {}
+            return await aepisode_report(self.env)
         except Exception:
             log.warning("episode_report() of env %s failed", self.env_id, exc_info=True)
             return {}
@@ -167,9 +163,9 @@ class EnvManager:
             await self._discard_env()  # a cancelled episode left this env mid-call in its thread
         if self.env is None:
             self.env = await self._make_env()
-        areset = getattr(self.env.unwrapped, "areset", None)
-        if areset is not None:  # an async env resets on the loop: no thread hop per episode
-            return await self._await("areset", areset, seed=seed, timeout=self.cfg.step_timeout_s)
+        env = async_env(self.env)
+        if env is not None:  # an async env resets on the loop: no thread hop per episode
+            return await self._await("areset", env.areset, seed=seed, timeout=self.cfg.step_timeout_s)
         return await self._call(self.env.reset, seed=seed, timeout=self.cfg.step_timeout_s)
 
     def prepare(self, seed: int) -> None:
@@ -195,8 +191,8 @@ class EnvManager:
         obs, info = await self._take_reset(seed)
         traj.timing["reset_s"] = time.perf_counter() - t0  # the wait: ~0 when prepared in time
         self.info = info
-        agent = getattr(self.env.unwrapped, "agent", None)
-        if isinstance(agent, AgentSpec):
+        agent = agent_of(self.env)
+        if agent is not None:
             return await self._play_agent(traj, agent, info.get("task"), greedy)
         prompt = self.formatter.first_prompt(str(info.get("instructions", "")), str(obs), info.get("tools"))
         traj.append(prompt, generated=False)

@@ -33,6 +33,7 @@ from multiprocessing.connection import Connection
 import gymnasium
 
 from roll_agent.config import EnvSpec
+from roll_agent.env_extras import episode_report, expert, thread_safe, warms_up
 from roll_agent.worker_process import WorkerPool, WorkerProcess
 
 log = logging.getLogger(__name__)
@@ -57,7 +58,7 @@ def declares_thread_safe(env_id: str) -> bool:
         creator = env_creator(env_id)
     except Exception:  # an id that cannot be resolved fails where the env is made, with its own error
         return True
-    return bool(getattr(creator, "metadata", {}).get("thread_safe", True))
+    return thread_safe(creator)
 
 
 def num_workers(spec: EnvSpec) -> int:
@@ -70,7 +71,7 @@ def warm_up(spec: EnvSpec) -> None:
     """One env of `spec` made and its `warm_up()` called, if its class has one; then closed."""
     from roll_agent.env_registry import make_env
 
-    if callable(getattr(env_creator(spec.id), "warm_up", None)):
+    if warms_up(env_creator(spec.id)):
         env = make_env(spec)
         try:
             env.unwrapped.warm_up()
@@ -79,6 +80,15 @@ def warm_up(spec: EnvSpec) -> None:
 
 
 # ---- the worker process ----------------------------------------------------------------
+
+
+def hosted_expert_action(env) -> str:
+    """The env's expert action, in the worker that hosts it."""
+    act = expert(env)
+    if act is None:
+        raise AttributeError(f"{type(env.unwrapped).__name__} has no expert_action(); set warmup.sft_steps=0")
+    return act()
+
 
 
 def serve(fd: int) -> None:
@@ -102,11 +112,10 @@ def serve(fd: int) -> None:
                 result = hosted[key].reset(seed=args[0])
             elif op == "step":
                 result = hosted[key].step(args[0])
-            elif op == "call":  # a method of the env itself (the warm-start's expert_action)
-                result = getattr(hosted[key].unwrapped, args[0])(*args[1:])
-            elif op == "report":  # the env's optional episode_report() (roll_agent/rollout/env_manager.py)
-                report = getattr(hosted[key].unwrapped, "episode_report", None)
-                result = report() if report is not None else {}
+            elif op == "expert":  # the warm-start's expert_action()
+                result = hosted_expert_action(hosted[key])
+            elif op == "report":  # the env's episode_report(), {} when it has none
+                result = episode_report(hosted[key])
             elif op == "close":
                 env = hosted.pop(key, None)
                 result = env.close() if env is not None else None
@@ -171,10 +180,6 @@ class WorkerEnv:
         self.worker: WorkerProcess | None = None
         self.key = next(pool.keys)
 
-    @property
-    def unwrapped(self) -> WorkerEnv:
-        return self
-
     async def place(self) -> None:
         """Make the env on the least loaded live worker (a dead one is restarted first)."""
         self.worker = self.pool.place()
@@ -193,9 +198,9 @@ class WorkerEnv:
     async def astep(self, action: str):
         return await self._call("step", action)
 
-    async def acall(self, method: str, *args):
-        """`env.unwrapped.<method>(*args)` in the worker (e.g. `expert_action`)."""
-        return await self._call("call", method, *args)
+    async def aexpert_action(self) -> str:
+        """The env's `expert_action()` in the worker (roll_agent/env_extras.py: RemoteEnv)."""
+        return await self._call("expert")
 
     async def aepisode_report(self) -> dict:
         """The env's `episode_report()` in the worker, {} when it has none."""

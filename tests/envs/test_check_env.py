@@ -140,7 +140,8 @@ def test_parse_kwargs_reads_yaml_scalars():
 def test_cli_prints_each_check_and_exit_status(capsys):
     assert main(["roll_agent/FrozenLake-v0", "size=5"]) == 0
     out = capsys.readouterr().out
-    assert [line.split(maxsplit=1)[1] for line in out.splitlines()[:-1]] == ALL_CHECKS
+    assert [line.split(maxsplit=1)[1] for line in out.splitlines()[:-2]] == ALL_CHECKS
+    assert out.splitlines()[-2] == "EXTRAS  expert_action (roll_agent/env_extras.py)"  # what it has beyond gymnasium
     assert out.splitlines()[-1] == "roll_agent/FrozenLake-v0: all checks passed"
     assert main([f"{__name__}:RaisesOnEmpty-v0"]) == 1
     assert "FAIL  garbage actions are invalid" in capsys.readouterr().out
@@ -158,6 +159,7 @@ def test_a_plain_gymnasium_env_passes_with_warnings_for_the_optional_keys(capsys
     lines = capsys.readouterr().out.splitlines()
     warned = [line for line in lines if line.startswith("WARN")]
     assert len(warned) == 4 and set(warned) == {f"WARN  {m}" for m in messages}
+    assert lines[-2] == "EXTRAS  none (roll_agent/env_extras.py)"
     assert lines[-1] == f"{__name__}:GuessTheLetter-v0: all checks passed (4 warnings)"
 
 
