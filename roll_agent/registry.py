@@ -4,7 +4,7 @@ implements it.
 A config names a component by a registered name (`engine.type=hf`) or by `package.module:Name`,
 a user's own, imported when the config is validated (so a typo fails at start-up, naming the
 registered names and the closest). Adding an engine, trainer, estimator, loss, tracker, tool
-parser or sandbox backend needs no edit inside roll_agent: name it in the config. Built-ins are
+parser, weight sync or sandbox backend needs no edit inside roll_agent: name it in the config. Built-ins are
 registered below as `module:attribute` strings, imported only when used (the vllm engine
 imports vllm, the deepspeed trainer deepspeed).
 
@@ -25,7 +25,8 @@ What each kind's entry is called with (the contracts it returns: roll_agent/prot
     sandbox       make_sandbox(backend)     a Sandbox class with a `config_class` dataclass of its options
 
 roll_agent/train/algorithms.py says what an estimator and a loss compute (docs/algorithms.md:
-the built-ins' math); docs/architecture.md ("Add your own") has an example of each kind.
+the built-ins' math); docs/architecture.md ("Extending") says what each kind's entry does, and
+tests/plugins.py has one of each.
 """
 
 from __future__ import annotations
@@ -41,28 +42,19 @@ class RegistryError(ValueError):
 
 class Registry:
     def __init__(self, kind: str, builtins: dict[str, str]):
+        """`builtins`: name -> `module:attribute` of roll_agent's own; a user's are named in configs."""
         self.kind = kind
-        self._entries: dict[str, Any] = dict(builtins)
+        self._entries = dict(builtins)
 
     def names(self) -> list[str]:
         return list(self._entries)
-
-    def __contains__(self, name: str) -> bool:
-        return name in self._entries
-
-    def register(self, name: str, target: Any) -> Any:
-        """`target` (an object, or a `module:attribute` string) under `name`; returns it."""
-        if name in self._entries:
-            raise RegistryError(f"a {self.kind} named {name!r} is registered already")
-        self._entries[name] = target
-        return target
 
     def get(self, name: str) -> Any:
         """What `name` (a registered name or `module:Name`) stands for."""
         target = self._entries.get(name, name if ":" in str(name) else None)
         if target is None:
             raise RegistryError(self._unknown(name))
-        return load_named(target, self.kind) if isinstance(target, str) else target
+        return load_named(target, self.kind)
 
     def check(self, name: str) -> None:
         """Raise RegistryError unless `name` is registered or a `module:Name` that imports (a

@@ -84,11 +84,12 @@ def test_the_weight_sync_is_checked_against_the_runtime(tmp_path):
         load_config(None, ["weight_sync.type=brodcast"])
 
 
-def test_a_registry_refuses_a_second_entry_of_one_name():
-    registry = Registry("widget", {"a": "json:dumps"})
-    assert registry.register("b", len) is len and registry.get("b") is len and registry.get("a").__name__ == "dumps"
-    with pytest.raises(RegistryError, match="a widget named 'a' is registered already"):
-        registry.register("a", len)
+def test_a_name_resolves_to_its_entry_or_to_the_module_it_names():
+    registry = Registry("widget", {"dumps": "json:dumps"})
+    assert registry.get("dumps").__name__ == "dumps" and registry.get("json:loads").__name__ == "loads"
+    assert registry.get("roll_agent.sync.inprocess:InProcessSync.from_config").__name__ == "from_config"
+    with pytest.raises(RegistryError, match="module 'json' has no 'nope'"):
+        registry.get("json:nope")
 
 
 @pytest.mark.slow
