@@ -95,16 +95,22 @@ def expert(env):
     return inner.expert_action if has(inner, ExpertEnv) else None
 
 
+def expert_action_here(env) -> str:
+    """The env's `expert_action()` in this process; a ValueError naming the fix when it has none."""
+    act = expert(env)
+    if act is None:
+        spec = getattr(env, "spec", None)
+        raise ValueError(f"{spec.id if spec else type(_inner(env)).__name__} has no expert_action(); "
+                         "set warmup.sft_steps=0")
+    return act()
+
+
 async def expert_action(env) -> str:
     """The env's `expert_action()`, in this process or in the env's worker process."""
     inner = _inner(env)
-    if has(inner, RemoteEnv):  # an env without one raises AttributeError in its worker
+    if has(inner, RemoteEnv):  # asked in the worker, where an env without one fails the same way
         return await inner.aexpert_action()
-    if not has(inner, ExpertEnv):
-        spec = getattr(env, "spec", None)
-        raise ValueError(f"{spec.id if spec else type(inner).__name__} has no expert_action(); "
-                         "set warmup.sft_steps=0")
-    return inner.expert_action()
+    return expert_action_here(env)
 
 
 def episode_report(env) -> dict:

@@ -2,8 +2,8 @@
 
 The env holds the tasks and the reward; the agent (roll_agent/agents/runner.py) does the rest
 through the endpoint. `reset(seed)` gives the task, `step(result)` scores what the agent
-returned. The EnvManager sees its `agent` (roll_agent/env_extras.py: AgentEnv) and plays the episode by running the
-agent against its session instead of asking the model itself.
+returned. The EnvManager sees its `agent` (roll_agent/env_extras.py: AgentEnv) and plays the
+episode by running the agent against its session instead of asking the model itself.
 
     envs:
       - id: roll_agent/Agent-v0

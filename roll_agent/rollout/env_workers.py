@@ -33,7 +33,7 @@ from multiprocessing.connection import Connection
 import gymnasium
 
 from roll_agent.config import EnvSpec
-from roll_agent.env_extras import episode_report, expert, thread_safe, warms_up
+from roll_agent.env_extras import episode_report, expert_action_here, thread_safe, warms_up
 from roll_agent.worker_process import WorkerPool, WorkerProcess
 
 log = logging.getLogger(__name__)
@@ -82,15 +82,6 @@ def warm_up(spec: EnvSpec) -> None:
 # ---- the worker process ----------------------------------------------------------------
 
 
-def hosted_expert_action(env) -> str:
-    """The env's expert action, in the worker that hosts it."""
-    act = expert(env)
-    if act is None:
-        raise AttributeError(f"{type(env.unwrapped).__name__} has no expert_action(); set warmup.sft_steps=0")
-    return act()
-
-
-
 def serve(fd: int) -> None:
     """A worker's main loop: (call id, op, env key, args) in, (call id, ok, result) out."""
     from roll_agent.env_registry import make_env
@@ -113,7 +104,7 @@ def serve(fd: int) -> None:
             elif op == "step":
                 result = hosted[key].step(args[0])
             elif op == "expert":  # the warm-start's expert_action()
-                result = hosted_expert_action(hosted[key])
+                result = expert_action_here(hosted[key])
             elif op == "report":  # the env's episode_report(), {} when it has none
                 result = episode_report(hosted[key])
             elif op == "close":
