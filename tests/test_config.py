@@ -45,6 +45,23 @@ def test_unknown_key_in_a_list_of_envs(tmp_path):
         load_config(str(path))
 
 
+def test_an_override_may_name_one_entry_of_a_list():
+    """`envs.0.kwargs.split=...` sets one key of one entry (the rest stays as the file has it);
+    `envs.0={...}` replaces the entry; a missing entry or a misspelt key is a config error."""
+    cfg = load_config("configs/alfworld.yaml", ["envs.0.kwargs.split=valid_unseen", "envs.0.tag=seen", "max_steps=3"])
+    assert cfg.envs[0].kwargs["split"] == "valid_unseen" and cfg.envs[0].tag == "seen" and cfg.max_steps == 3
+    assert cfg.envs[0].id == load_config("configs/alfworld.yaml").envs[0].id  # the rest as the file has it
+    cfg = load_config(None, ["envs.0={id: roll_agent/Sokoban-v0, kwargs: {dim: 5}}", "logging.backends.1=wandb"])
+    assert (cfg.envs[0].id, cfg.envs[0].kwargs, cfg.envs[0].tag) == ("roll_agent/Sokoban-v0", {"dim": 5}, "")
+    assert cfg.logging.backends == ["jsonl", "wandb"]
+    with pytest.raises(ConfigError, match=r"envs has 1 entry \(envs.0\); to add one, give the whole list: envs=\[...\]"):
+        load_config(None, ["envs.1.tag=x"])
+    with pytest.raises(ConfigError, match=r"Unknown config key 'envs\[0\]\.kwarg'.*Did you mean 'envs\[0\]\.kwargs'"):
+        load_config(None, ["envs.0.kwarg.size=5"])
+    with pytest.raises(ConfigError, match="'max_steps' is not a list, so '0' cannot index it"):
+        load_config(None, ["max_steps.0=1"])
+
+
 def test_wrong_type_names_the_key():
     with pytest.raises(ConfigError, match="rollout.async_ratio"):
         load_config(None, ["rollout.async_ratio=fast"])
