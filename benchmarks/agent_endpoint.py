@@ -114,9 +114,9 @@ async def token_reuse(formatter, agent, episodes: int) -> dict:
     rollout = RolloutConfig(max_new_tokens=256, max_context_tokens=4096, max_turns=TURNS + 1)
     stack = build_rollout(formatter, rollout, [sim_spec()], [ScriptedEngine(ScriptedEngineConfig(), script=script)])
     try:
-        await stack.endpoint.start()
-        sessions = [stack.endpoint.open_session(f"reuse-{i}", Trajectory()) for i in range(episodes)]
-        clients = [openai.AsyncOpenAI(base_url=stack.endpoint.session_url(s), api_key="x") for s in sessions]
+        await stack.services.endpoint.start()
+        sessions = [stack.services.endpoint.open_session(f"reuse-{i}", Trajectory()) for i in range(episodes)]
+        clients = [openai.AsyncOpenAI(base_url=stack.services.endpoint.session_url(s), api_key="x") for s in sessions]
         await asyncio.gather(*[agent({"id": i}, c) for i, c in enumerate(clients)])
         await asyncio.gather(*[c.close() for c in clients])
         total = lambda key: sum(s.metrics()[key] for s in sessions)  # noqa: E731
@@ -164,16 +164,16 @@ async def latency(formatter, calls: int) -> dict:
     rollout = RolloutConfig(max_new_tokens=4, max_context_tokens=4096, max_turns=2 * (calls + warmup) + 10)
     stack = build_stack(formatter, rollout, [sim_spec()], ScriptedEngineConfig(response_tokens=4), num_engines=1)
     try:
-        await stack.endpoint.start()
-        session = stack.endpoint.open_session("bench", Trajectory())
-        url = stack.endpoint.session_url(session) + "/chat/completions"
+        await stack.services.endpoint.start()
+        session = stack.services.endpoint.open_session("bench", Trajectory())
+        url = stack.services.endpoint.session_url(session) + "/chat/completions"
         body = {"model": "m", "messages": [{"role": "system", "content": "Answer with any text."},
                                            {"role": "user", "content": "task 1 step 0"}]}
         text = formatter.tokenizer.apply_chat_template(body["messages"], tokenize=False, add_generation_prompt=True)
         ids = formatter.encode(text)
         sampling = SamplingParams(max_new_tokens=4, stop_token_ids=formatter.stop_token_ids)
         direct, minimal, through_httpx = [], [], []
-        raw = await MinimalClient.connect(stack.endpoint.cfg.host, stack.endpoint.port)
+        raw = await MinimalClient.connect(stack.services.endpoint.cfg.host, stack.services.endpoint.port)
         path = urlsplit(url).path
         async with httpx.AsyncClient() as client:
             for i in range(calls + warmup):  # the three alternate
@@ -194,7 +194,7 @@ async def latency(formatter, calls: int) -> dict:
         ms = {name: (1e3 * statistics.median(values), 1e3 * percentile(values, 0.99))
               for name, values in (("direct", direct), ("endpoint", minimal), ("endpoint_httpx", through_httpx))}
         return {**{f"{name}_p{q}_ms": v for name, pair in ms.items() for q, v in zip((50, 99), pair)},
-                "server_p50_ms": 1e3 * statistics.median(stack.endpoint.latency_s[2 * warmup:])}
+                "server_p50_ms": 1e3 * statistics.median(stack.services.endpoint.latency_s[2 * warmup:])}
     finally:
         await stack.close()
 
@@ -236,7 +236,7 @@ async def throughput(formatter, arm: str, sessions: int, batches: int, latency_s
         sum(len(g.trajectories) for g in batch)))
     steady = seconds - fills[0]  # the first batch builds the envs (and starts the endpoint): apart
     return {"episodes_per_s": sum(episodes[1:]) / steady, "episodes": sum(episodes[1:]), "seconds": steady,
-            "errors": stack.endpoint.stats["errors"], "error_codes": dict(stack.endpoint.error_codes)}
+            "errors": stack.services.endpoint.stats["errors"], "error_codes": dict(stack.services.endpoint.error_codes)}
 
 
 async def main(args) -> None:

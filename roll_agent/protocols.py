@@ -134,7 +134,7 @@ class Trainer(Protocol):
 
 @runtime_checkable
 class Rollout(Protocol):
-    """The rollout half as the controller drives it (`RolloutStack` locally, `RayRollout` over actors)."""
+    """The rollout half as the controller drives it (`RolloutStack`, under Ray over clients of the actors)."""
 
     proxy: Proxy  # what its episodes generate through; the controller updates its weights
     watchdog: Any  # the Watchdog of the controller's own waits

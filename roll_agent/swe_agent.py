@@ -29,7 +29,7 @@ from typing import Any
 from roll_agent.config import Config, EnvSpec, RolloutConfig
 from roll_agent.config_loader import load_config
 from roll_agent.rollout.chat import ChatFormatter
-from roll_agent.rollout.env_manager import EnvManager
+from roll_agent.rollout.env_manager import EnvManager, EnvServices
 from roll_agent.types import Trajectory
 
 SWE_ENV_ID = "roll_agent/SWE-v0"
@@ -75,7 +75,8 @@ async def rollout_predictions(spec: EnvSpec, num_tasks: int, proxy, formatter: C
         queue.put_nowait(i)
     rows: dict[int, dict] = {}
     executor = ThreadPoolExecutor(max(workers, 1), thread_name_prefix="swe-agent")
-    managers = [EnvManager(f"swe-agent-{w}", spec, formatter, proxy, rollout, executor)
+    services = EnvServices(formatter, proxy, rollout, executor)
+    managers = [services.env_manager(f"swe-agent-{w}", spec)
                 for w in range(min(max(workers, 1), num_tasks))]
 
     async def work(manager: EnvManager) -> None:

@@ -19,7 +19,7 @@ from tqdm import tqdm
 from roll_agent.config import EnvSpec, RolloutConfig, WarmupConfig
 from roll_agent.env_extras import expert_action
 from roll_agent.rollout.chat import ChatFormatter
-from roll_agent.rollout.env_manager import EnvManager
+from roll_agent.rollout.env_manager import EnvManager, EnvServices
 from roll_agent.rollout.env_workers import EnvWorkers
 from roll_agent.rollout.groups import TRAIN_SEED_SPACE
 from roll_agent.types import GenerateRequest, GenerateResult, Status
@@ -55,7 +55,7 @@ class ExpertPolicy:
 
 def expert_manager(spec: EnvSpec, formatter: ChatFormatter, rollout: RolloutConfig, epsilon: float,
                    rng: random.Random, workers: EnvWorkers | None = None) -> EnvManager:
-    manager = EnvManager(f"warmup-{spec.name}", spec, formatter, None, rollout, workers=workers)
+    manager = EnvServices(formatter, None, rollout, workers=workers).env_manager(f"warmup-{spec.name}", spec)
     manager.proxy = ExpertPolicy(manager, formatter, epsilon, rng)
     return manager
 

@@ -4,7 +4,7 @@ is cancelled, logged with what it was waiting on (env id, request id, stage) and
 the caller gets `Stuck` (a TimeoutError) and decides what cancelling means there (the
 episode ends as env_error, the request is re-issued elsewhere, ...). Waits that are long
 but not yet over their limit are logged every `report_after_s`, oldest first, so a run
-never sits silent (once `start()` is called).
+never sits silent (from the first wait on).
 """
 
 from __future__ import annotations
@@ -39,6 +39,7 @@ class Watchdog:
         self.stats: Counter = Counter()  # stuck_<kind>: waits cancelled past their threshold
         self._ids = itertools.count()
         self._reporter: asyncio.Task | None = None
+        self._closed = False
 
     def watch(self, kind: str, what: str, timeout: float | None) -> "_Watch":
         """`async with watch(...)`: run the body; past `timeout` seconds (None or 0: no limit) cancel
@@ -50,9 +51,9 @@ class Watchdog:
         waits = sorted(self.waits.values(), key=lambda w: w.since)[:n]
         return [f"{w.kind} for {now - w.since:.1f}s: {w.what}" for w in waits]
 
-    def start(self) -> None:
-        """Start logging long waits (idempotent; needs a running loop)."""
-        if self._reporter is None and self.cfg.report_after_s:
+    def _start(self) -> None:
+        """Start logging long waits, at the first wait (the one that may grow long)."""
+        if self._reporter is None and self.cfg.report_after_s and not self._closed:
             self._reporter = asyncio.get_running_loop().create_task(self._report(), name="watchdog")
 
     async def _report(self) -> None:
@@ -73,6 +74,7 @@ class Watchdog:
         return {f"watchdog_{k}": v for k, v in sorted(self.stats.items())}
 
     async def close(self) -> None:
+        self._closed = True
         if self._reporter is not None:
             self._reporter.cancel()
             await asyncio.gather(self._reporter, return_exceptions=True)
@@ -87,6 +89,8 @@ class _Watch:
         self.limit: asyncio.Timeout | None = None
 
     async def __aenter__(self) -> None:
+        if self.dog._reporter is None:
+            self.dog._start()
         self.key = next(self.dog._ids)
         self.dog.waits[self.key] = Wait(self.kind, self.what, time.monotonic())
         if self.timeout:

@@ -24,10 +24,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from concurrent.futures import Executor
+from concurrent.futures import Executor, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
 
 from roll_agent.agents.runner import AgentError, AgentSpec, run_agent
-from roll_agent.config import EnvSpec, RolloutConfig
+from roll_agent.agents.server import AgentEndpoint
+from roll_agent.config import EndpointConfig, EnvSpec, RolloutConfig
 from roll_agent.rollout.chat import ChatFormatter
 from roll_agent.rollout.env_workers import EnvWorkers
 from roll_agent.env_extras import aepisode_report, agent_of, async_env
@@ -42,20 +45,57 @@ class EnvStepError(RuntimeError):
     """The env failed (raised or timed out) during reset/step."""
 
 
+@dataclass
+class EnvServices:
+    """What the EnvManagers of one process share, and the one way to build an EnvManager
+    (`env_manager`): the local rollout, a Ray env worker, the driver's evaluation envs, the
+    warm-start and the SWE agent each hold one."""
+
+    formatter: ChatFormatter
+    proxy: Any  # the Proxy contract (roll_agent/protocols.py) the episodes generate through
+    cfg: RolloutConfig
+    executor: Executor | None = None  # blocking env calls (None: asyncio's default pool)
+    watchdog: Watchdog = field(default_factory=Watchdog)  # bounds each stage: step_timeout_s, episode_timeout_s
+    workers: EnvWorkers | None = None  # where envs that ask for worker processes live (None: none do)
+    endpoint: AgentEndpoint | None = None  # what agent envs' agents call (roll_agent/agents/server.py)
+
+    @classmethod
+    def build(cls, formatter: ChatFormatter, cfg: RolloutConfig, proxy, specs: list[EnvSpec],
+              watchdog: Watchdog | None = None, endpoint_cfg: EndpointConfig | None = None,
+              workers: EnvWorkers | None = None) -> "EnvServices":
+        """A rollout's: its thread pool, the worker processes of `specs` (or `workers`, already
+        started), the agent endpoint on `proxy`. `close()` ends them."""
+        if workers is None:
+            workers = EnvWorkers()
+            workers.start(specs)
+        return cls(formatter, proxy, cfg, ThreadPoolExecutor(cfg.env_threads, thread_name_prefix="env"),
+                   watchdog or Watchdog(), workers, AgentEndpoint(proxy, formatter, cfg, endpoint_cfg))
+
+    def env_manager(self, env_id: str, spec: EnvSpec) -> "EnvManager":
+        return EnvManager(env_id, spec, self)
+
+    async def close(self) -> None:
+        if self.endpoint is not None:
+            await self.endpoint.close()
+        await self.watchdog.close()
+        if self.executor is not None:
+            self.executor.shutdown(wait=False, cancel_futures=True)
+        if self.workers is not None:
+            self.workers.close()
+
+
 class EnvManager:
-    def __init__(self, env_id: str, spec: EnvSpec, formatter: ChatFormatter, proxy, cfg: RolloutConfig,
-                 executor: Executor | None = None, watchdog: Watchdog | None = None,
-                 workers: EnvWorkers | None = None, endpoint=None):
+    def __init__(self, env_id: str, spec: EnvSpec, services: EnvServices):
         self.env_id = env_id
         self.spec = spec
         self.tag = spec.name
-        self.formatter = formatter
-        self.proxy = proxy
-        self.cfg = cfg
-        self.executor = executor
-        self.workers = workers  # where envs that ask for worker processes live (None: none do)
-        self.endpoint = endpoint  # the AgentEndpoint agent envs' agents call (roll_agent/agents/server.py)
-        self.watchdog = watchdog or Watchdog()  # bounds each stage: step_timeout_s, episode_timeout_s
+        self.formatter = services.formatter
+        self.proxy = services.proxy
+        self.cfg = services.cfg
+        self.executor = services.executor
+        self.workers = services.workers
+        self.endpoint = services.endpoint
+        self.watchdog = services.watchdog
         self.env = None
         self.info: dict = {}  # the env's last reset/step info (the warm-start's expert reads it)
         self.current: Trajectory | None = None  # the episode in progress (read by the scheduler)

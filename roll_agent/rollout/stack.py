@@ -1,22 +1,21 @@
 """The rollout half of the system, assembled: LLMProxy, one EnvManager per env in
-groups, the GroupScheduler and the SampleBuffer, plus the thread pool for blocking envs, the
-worker processes for envs that are not thread-safe, and the OpenAI-compatible endpoint agent
-envs' agents call (started on first use).
+groups, the GroupScheduler and the SampleBuffer, plus what the EnvManagers share
+(`EnvServices`: the thread pool for blocking envs, the worker processes for envs that are not
+thread-safe, and the OpenAI-compatible endpoint agent envs' agents call, started on first use).
 The training run, the tests and the benchmarks all build it here."""
 
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Any
 
-from roll_agent.agents.server import AgentEndpoint
 from roll_agent.config import EndpointConfig, EnvSpec, ProxyConfig, RolloutConfig, WatchdogConfig
 from roll_agent.protocols import WeightSync
 from roll_agent.proxy.llm_proxy import LLMProxy
 from roll_agent.rollout.accounting import RolloutStats
 from roll_agent.rollout.buffer import SampleBuffer
 from roll_agent.rollout.chat import ChatFormatter
-from roll_agent.rollout.env_manager import EnvManager
+from roll_agent.rollout.env_manager import EnvManager, EnvServices
 from roll_agent.rollout.env_workers import EnvWorkers
 from roll_agent.rollout.groups import GroupScheduler
 from roll_agent.types import Group
@@ -24,23 +23,24 @@ from roll_agent.watchdog import Watchdog
 
 @dataclass
 class RolloutStack:
-    proxy: LLMProxy
-    buffer: SampleBuffer
-    scheduler: GroupScheduler
-    executor: ThreadPoolExecutor
-    workers: EnvWorkers
-    formatter: ChatFormatter
-    cfg: RolloutConfig
-    watchdog: Watchdog
-    endpoint: AgentEndpoint
+    """The Rollout contract (roll_agent/protocols.py) over its parts. Locally they are the parts
+    themselves; under Ray (roll_agent/runtime/ray_runtime.py) the proxy, buffer and scheduler are
+    clients of the proxy actor, the buffer actor and the env-worker actors with the same interface."""
+
+    proxy: Any  # LLMProxy
+    buffer: Any  # SampleBuffer
+    scheduler: Any  # GroupScheduler
+    services: EnvServices  # what the env managers share (evaluation envs' included)
+
+    @property
+    def watchdog(self) -> Watchdog:
+        return self.services.watchdog
 
     def env_manager(self, env_id: str, spec: EnvSpec) -> EnvManager:
-        return EnvManager(env_id, spec, self.formatter, self.proxy, self.cfg, self.executor, self.watchdog,
-                          self.workers, self.endpoint)
+        return self.services.env_manager(env_id, spec)
 
     def start(self) -> None:
         self.scheduler.start()
-        self.watchdog.start()
 
     async def stop(self) -> None:
         await self.scheduler.stop()
@@ -64,20 +64,20 @@ class RolloutStack:
 
     def stats(self) -> RolloutStats:
         """The cumulative counters now (`.accounting()`: the episode identity check)."""
+        services = self.services
         return RolloutStats.of(self.buffer.ledger.counts, self.scheduler.num_in_flight, self.proxy.stats,
-                               self.watchdog.metrics(), self.workers.restarts(), self.endpoint.http_errors)
+                               self.watchdog.metrics(), services.workers.restarts(), services.endpoint.http_errors)
 
     async def on_version(self, version: int) -> None:
         await self.buffer.set_version(version)
         await self.scheduler.on_version(version)
 
     async def close(self) -> None:
-        await self.scheduler.stop()
-        await self.endpoint.close()
-        await self.proxy.close()
-        await self.watchdog.close()
-        self.executor.shutdown(wait=False, cancel_futures=True)
-        self.workers.close()
+        try:
+            await self.scheduler.stop()
+            await self.proxy.close()
+        finally:
+            await self.services.close()
 
 
 def build_rollout(formatter: ChatFormatter, cfg: RolloutConfig, specs: list[EnvSpec], engines: list,
@@ -89,14 +89,6 @@ def build_rollout(formatter: ChatFormatter, cfg: RolloutConfig, specs: list[EnvS
     watchdog = Watchdog(watchdog_cfg)
     proxy = LLMProxy(engines, proxy_cfg, version=version, watchdog=watchdog, weight_sync=weight_sync)
     buffer = SampleBuffer(cfg, version=version)
-    executor = ThreadPoolExecutor(cfg.env_threads, thread_name_prefix="env")
-    if workers is None:
-        workers = EnvWorkers()
-        workers.start(specs)
-    endpoint = AgentEndpoint(proxy, formatter, cfg, endpoint_cfg)
-
-    def manager(env_id: str, spec: EnvSpec) -> EnvManager:
-        return EnvManager(env_id, spec, formatter, proxy, cfg, executor, watchdog, workers, endpoint)
-
-    scheduler = GroupScheduler(cfg, specs, buffer, manager, seed=seed)
-    return RolloutStack(proxy, buffer, scheduler, executor, workers, formatter, cfg, watchdog, endpoint)
+    services = EnvServices.build(formatter, cfg, proxy, specs, watchdog, endpoint_cfg, workers)
+    scheduler = GroupScheduler(cfg, specs, buffer, services.env_manager, seed=seed)
+    return RolloutStack(proxy, buffer, scheduler, services)

@@ -19,21 +19,21 @@ import dataclasses
 import logging
 import os
 from collections import Counter
-from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 
 import ray
 from ray.exceptions import RayActorError
 
-from roll_agent.agents.server import AgentEndpoint
 from roll_agent.config import Config, RolloutConfig
-from roll_agent.protocols import Buffer, Ledger, Proxy
+from roll_agent.protocols import Buffer, Engine, Ledger, Proxy
 from roll_agent.proxy.llm_proxy import LLMProxy
+from roll_agent.rollout.accounting import PROXY_FAULTS
 from roll_agent.rollout.buffer import SampleBuffer
-from roll_agent.rollout.env_manager import EnvManager
+from roll_agent.rollout.env_manager import EnvServices
 from roll_agent.rollout.env_workers import EnvWorkers
 from roll_agent.rollout.groups import GroupScheduler
 from roll_agent.runtime.forward import answer, answer_async, forwards
-from roll_agent.runtime.ray_supervisor import restarted_pid
+from roll_agent.runtime.ray_supervisor import WorkerSnapshot, restarted_pid
 from roll_agent.sync import actors as actor_sync
 from roll_agent.sync import make_weight_sync
 from roll_agent.types import EngineOutput, GenerateRequest, GenerateResult, Group, Status
@@ -60,9 +60,10 @@ class EngineLost(RuntimeError):
     """The engine actor died, or was restarted since it was last synced."""
 
 
+@forwards(Engine)
 class RemoteEngine:
-    """An engine actor (a Host of the engine) as the LLMProxy sees it: the Engine protocol; an
-    actor that died or restarted makes the call fail with `alive` false."""
+    """An engine actor (a Host of the engine) as the LLMProxy sees it: the Engine protocol,
+    forwarded; an actor that died or restarted makes the call fail with `alive` false."""
 
     alive = True  # False once a call found the actor dead or restarted, until restart()
     restartable = True  # restart(): Ray restarts the actor; this waits until it answers
@@ -77,22 +78,27 @@ class RemoteEngine:
         self.alive = False
         return EngineLost(f"engine {self.index} {why}")
 
-    async def generate(self, prompt_ids, sampling, request_id, on_tokens=None) -> EngineOutput:
-        """The actor's answer, whole: a token sink does not cross processes (`on_tokens` is not called)."""
+    async def _forward_async(self, name: str, args: tuple, kwargs: dict):
+        """The actor's answer; its own state is not taken over (`version` is what was pushed to it)."""
         try:
-            output, state = await call(self.handle.invoke.remote("generate", (prompt_ids, sampling, request_id), {}))
+            result, state = await call(self.handle.invoke.remote(name, args, kwargs))
         except RayActorError as exc:
             raise self._lost(f"died: {exc}") from exc
         if state["version"] != self.version:  # restarted between requests: it serves its initial weights
             raise self._lost(f"answered at version {state['version']}, pushed {self.version}: restarted")
-        return output
+        return result, {}
+
+    async def generate(self, prompt_ids, sampling, request_id, on_tokens=None) -> EngineOutput:
+        """The actor's answer, whole: a token sink does not cross processes (`on_tokens` is not called)."""
+        return (await self._forward_async("generate", (prompt_ids, sampling, request_id), {}))[0]
 
     async def abort(self, request_id: str) -> None:
+        """Forwarded while the actor is alive; a dead one has nothing left to abort."""
         if self.alive:
             try:
-                await self.handle.invoke.remote("abort", (request_id,), {})
-            except RayActorError:
-                self.alive = False
+                await self._forward_async("abort", (request_id,), {})
+            except EngineLost:
+                pass
 
     async def restart(self) -> None:
         """Wait for Ray's restart of the actor (ActorDiedError once its restarts are spent)."""
@@ -127,9 +133,10 @@ class RemoteEngine:
         return moved
 
     async def close(self) -> None:
+        """The engine closes in its actor and leaves the weight-broadcast group; a dead one has nothing to close."""
         try:
-            await self.handle.apply.remote(_close_engine)
-        except RayActorError:
+            await self.apply(_close_engine)
+        except EngineLost:
             pass
 
 
@@ -148,13 +155,17 @@ def build_proxy(cfg: Config, engine_handles: list, trainer, version: int) -> LLM
 
 
 # what the driver runs in the proxy actor (`Host.apply`), beside the Proxy contract
-def start_proxy(proxy: LLMProxy) -> None:
-    proxy.watchdog.start()
+@dataclass
+class ProxyReport:
+    """The proxy actor's counters, as the driver's refresh reads them."""
+
+    stats: dict  # LLMProxy.stats and the served version
+    watchdog: dict  # its watchdog's counters (requests stuck)
+    oldest: list[str]  # its oldest waits
 
 
-def report(proxy: LLMProxy) -> dict:
-    return {"stats": {**proxy.stats, "version": proxy.version}, "watchdog": dict(proxy.watchdog.stats),
-            "oldest": proxy.watchdog.oldest()}
+def report(proxy: LLMProxy) -> ProxyReport:
+    return ProxyReport({**proxy.stats, "version": proxy.version}, dict(proxy.watchdog.stats), proxy.watchdog.oldest())
 
 
 async def close_proxy(proxy: LLMProxy) -> None:
@@ -170,6 +181,7 @@ class RemoteProxy:
     def __init__(self, handle, version: int = 0):
         self.handle = handle
         self.version = version
+        self.stats: dict = {"gen_tokens": 0, **dict.fromkeys(PROXY_FAULTS, 0)}  # the driver's, as of its last refresh
 
     async def generate(self, request: GenerateRequest) -> GenerateResult:
         """The answer, whole: a token sink does not cross processes (the request goes without it)."""
@@ -184,8 +196,28 @@ class RemoteProxy:
         self.handle.invoke.remote(name, args, kwargs)  # a notification: not waited for
         return None, {}
 
+    async def refresh(self) -> ProxyReport:
+        """The proxy actor's counters now (`stats` takes them)."""
+        report_now = await self.handle.apply.remote(report)
+        self.stats = report_now.stats
+        return report_now
+
+    async def close(self) -> None:
+        await self.handle.apply.remote(close_proxy)
+
 
 # ---- buffer and env workers ---------------------------------------------------------
+@dataclass
+class BufferSnapshot:
+    """What the driver reads of the buffer actor synchronously, taken at one instant."""
+
+    counts: dict = field(default_factory=dict)  # the episode ledger's
+    in_flight: int = 0  # started, not ended: in env workers, or waiting here
+    waiting: int = 0  # groups ready to train on
+    state: dict = field(default_factory=dict)  # what a checkpoint keeps (the episodes in flight counted as cancelled)
+    held: dict = field(default_factory=dict)  # (worker, incarnation) -> groups admitted, not yet put
+
+
 class BufferHost:
     """The SampleBuffer, its episode ledger, and who holds what: the admission places and
     in-flight episodes of an env worker that died are given back (places) and ended as
@@ -228,12 +260,10 @@ class BufferHost:
     async def set_version(self, version: int) -> None:
         await self.buffer.set_version(version)
 
-    def snapshot(self) -> dict:
-        """What the driver's façades read synchronously, taken at one instant (`state`: what a
-        checkpoint keeps, the episodes in flight counted as cancelled)."""
+    def snapshot(self) -> BufferSnapshot:
         in_flight = sum(self.in_flight.values()) + self.buffer.num_waiting_episodes
-        return {"stats": dict(self.buffer.stats), "state": self.buffer.state_dict(in_flight), "held": dict(self.held),
-                "counts": dict(self.buffer.ledger.counts), "waiting": len(self.buffer), "in_flight": in_flight}
+        return BufferSnapshot(dict(self.buffer.ledger.counts), in_flight, len(self.buffer),
+                              self.buffer.state_dict(in_flight), dict(self.held))
 
     def load_state_dict(self, state: dict) -> None:
         self.buffer.load_state_dict(state)
@@ -311,7 +341,9 @@ class RemoteBuffer:
 
 
 class EnvWorker:
-    """Many env groups in one actor: a GroupScheduler over this worker's share of the lanes."""
+    """Many env groups in one actor: a GroupScheduler over this worker's share of the lanes, its
+    env managers built as the local rollout's are (EnvServices), generating through the proxy
+    actor and filling the buffer actor."""
 
     def __init__(self, cfg: Config, index: int, num_workers: int, model_path: str, proxy, buffer):
         from transformers import AutoTokenizer
@@ -323,62 +355,50 @@ class EnvWorker:
         self.lane_ids = range(index, cfg.rollout.num_env_groups, num_workers)
         self.formatter = ChatFormatter(AutoTokenizer.from_pretrained(model_path))
         self.proxy_handle, self.buffer_handle = proxy, buffer
-        self.executor = ThreadPoolExecutor(cfg.rollout.env_threads, thread_name_prefix="env")
-        self.env_workers = EnvWorkers()  # worker processes for envs that are not thread-safe, as locally
+        self.env_workers = EnvWorkers()  # worker processes for envs that are not thread-safe, warming up now
         self.env_workers.start(cfg.envs)
+        self.services: EnvServices | None = None
         self.scheduler: GroupScheduler | None = None
         self.incarnation = -1
         self._stop = asyncio.Event()
 
-    async def run(self, incarnation: int, version: int, state: dict | None) -> dict:
-        """Drive this worker's lanes until stop(); returns the scheduler's final state."""
-        cfg, num_workers = self.cfg, self.lane_ids.step
+    async def run(self, incarnation: int, version: int, state: dict | None) -> WorkerSnapshot:
+        """Drive this worker's lanes until stop(); returns its final snapshot."""
+        cfg = self.cfg
         self.incarnation = incarnation
-        proxy = RemoteProxy(self.proxy_handle, version)
-        buffer = RemoteBuffer(self.buffer_handle, cfg.rollout, (self.index, incarnation))
-        self.watchdog = Watchdog(cfg.watchdog)
-
         # agent envs' agents call this actor's own endpoint (a free port each: several actors per node)
-        endpoint = AgentEndpoint(proxy, self.formatter, cfg.rollout, dataclasses.replace(cfg.endpoint, port=0))
-        self.endpoint = endpoint
-
-        def manager(env_id, spec):
-            return EnvManager(env_id, spec, self.formatter, proxy, cfg.rollout, self.executor, self.watchdog,
-                              self.env_workers, endpoint)
-
+        self.services = EnvServices.build(self.formatter, cfg.rollout, RemoteProxy(self.proxy_handle, version),
+                                          cfg.envs, Watchdog(cfg.watchdog), dataclasses.replace(cfg.endpoint, port=0),
+                                          self.env_workers)
+        buffer = RemoteBuffer(self.buffer_handle, cfg.rollout, (self.index, incarnation))
         seed = cfg.seed + 10_007 * self.index + 1_000_003 * incarnation  # a restart plays new tasks
         first = state["next_group_id"] if state else self.index
-        self.scheduler = GroupScheduler(cfg.rollout, cfg.envs, buffer, manager, seed=seed, first_group_id=first,
-                                        lane_ids=self.lane_ids, group_id_stride=num_workers)
+        self.scheduler = GroupScheduler(cfg.rollout, cfg.envs, buffer, self.services.env_manager, seed=seed,
+                                        first_group_id=first, lane_ids=self.lane_ids, group_id_stride=self.lane_ids.step)
         if state and "rng" in state:
             self.scheduler.load_state_dict(state)
-        self.proxy = proxy
         self.scheduler.start()
-        self.watchdog.start()
         await self._stop.wait()
         await self.scheduler.stop()
-        await endpoint.close()
-        await self.watchdog.close()
         await self.buffer_handle.barrier.remote()  # the cancelled episodes are counted before run() returns
-        self.executor.shutdown(wait=False, cancel_futures=True)
-        self.env_workers.close()
-        return self.snapshot()
+        snapshot = self.snapshot()
+        await self.services.close()
+        return snapshot
 
     async def cancel_running(self) -> int:
         return await self.scheduler.cancel_running() if self.scheduler is not None else 0
 
     async def on_version(self, version: int) -> None:
         if self.scheduler is not None:
-            self.proxy.version = version
+            self.services.proxy.version = version
             await self.scheduler.on_version(version)
 
-    def snapshot(self) -> dict:
+    def snapshot(self) -> WorkerSnapshot:
         if self.scheduler is None:
-            return {"incarnation": self.incarnation, "state": None, "watchdog": {}, "oldest": [],
-                    "env_worker_restarts": 0, "agent_http": {}}
-        return {"incarnation": self.incarnation, "state": self.scheduler.state_dict(),
-                "watchdog": dict(self.watchdog.stats), "oldest": self.watchdog.oldest(),
-                "env_worker_restarts": self.env_workers.restarts(), "agent_http": dict(self.endpoint.http_errors)}
+            return WorkerSnapshot(self.incarnation)
+        services = self.services
+        return WorkerSnapshot(self.incarnation, self.scheduler.state_dict(), dict(services.watchdog.stats),
+                              services.watchdog.oldest(), services.workers.restarts(), dict(services.endpoint.http_errors))
 
     def stop(self) -> None:
         self._stop.set()

@@ -28,7 +28,6 @@ import shutil
 import tempfile
 import uuid
 from collections import Counter
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import ray
@@ -37,16 +36,16 @@ from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 import roll_agent
-from roll_agent.agents.server import AgentEndpoint
-from roll_agent.config import Config, ConfigError, EnvSpec
+from roll_agent.config import Config, ConfigError
 from roll_agent.protocols import Engine, Proxy, Trainer
-from roll_agent.rollout.accounting import PROXY_FAULTS, RolloutStats
+from roll_agent.rollout.accounting import RolloutStats
 from roll_agent.rollout.chat import ChatFormatter
-from roll_agent.rollout.env_manager import EnvManager
+from roll_agent.rollout.env_manager import EnvServices
 from roll_agent.rollout.env_workers import EnvWorkers
+from roll_agent.rollout.stack import RolloutStack
 from roll_agent.runtime.forward import AsyncHost, Host, forwards
 from roll_agent.runtime import ray_hosts
-from roll_agent.runtime.ray_hosts import BufferHost, EnvWorker, RemoteProxy, call
+from roll_agent.runtime.ray_hosts import BufferHost, BufferSnapshot, EnvWorker, RemoteProxy, call
 from roll_agent.runtime.ray_supervisor import WorkerSupervisor
 from roll_agent.sync import weight_sync_type
 from roll_agent.watchdog import Watchdog
@@ -182,7 +181,12 @@ class RayRuntime:
                                                             max_restarts=rc.max_restarts, max_concurrency=10_000))
                    .remote(cfg, w, self.num_workers, self.model_path, proxy, buffer) for w in range(self.num_workers)]
         self.actors += [*workers, proxy, buffer, *engines]
-        return RayRollout(cfg, formatter, proxy, buffer, workers, version)
+        proxy_client, buffer_client = RemoteProxy(proxy, version), BufferClient(buffer)
+        # the evaluation envs' (here in the driver): the warm-start has its own env workers
+        services = EnvServices.build(formatter, cfg.rollout, proxy_client, [], ClusterWatchdog(cfg.watchdog),
+                                     cfg.endpoint, EnvWorkers())
+        supervisor = WorkerSupervisor(workers, buffer_client, version, rc.max_restarts)
+        return RayRollout(proxy_client, buffer_client, supervisor, services)
 
 
 def _threads(n: int) -> None:
@@ -214,7 +218,7 @@ def _bundle(cpus: float, gpus: float) -> dict:
     return bundle
 
 
-# ---- façades the controller drives -----------------------------------------------------
+# ---- the RolloutStack's parts in the driver ----------------------------------------------
 class StoredBatch(list):
     """A batch's groups, read in the driver (the controller's metrics), and the reference to
     the buffer actor's answer, which is what goes to the trainer actor (it reads the object
@@ -238,6 +242,41 @@ class RemoteTrainer:
         return ray.get(self.handle.invoke.remote(name, args, kwargs))
 
 
+class BufferClient:
+    """The buffer actor as the driver's RolloutStack uses it: batches and versions by call, the
+    rest (`len`, `ledger.counts`, `state_dict`) from the snapshot of the last refresh."""
+
+    def __init__(self, handle):
+        self.handle = handle
+        self.snapshot = BufferSnapshot()
+        self.ledger = self
+
+    @property
+    def counts(self) -> dict:
+        return self.snapshot.counts
+
+    async def get_batch(self, version: int) -> StoredBatch:
+        """The batch, and its object in the store for the trainer actor. A wait the controller
+        cancels (a stalled batch) cancels the buffer actor's too, which then takes nothing."""
+        ref = self.handle.get_batch.remote(version)
+        return StoredBatch(await call(ref), ref)
+
+    def __len__(self) -> int:
+        return self.snapshot.waiting
+
+    def state_dict(self, in_flight: int) -> dict:
+        return self.snapshot.state  # the buffer actor counted the episodes in flight when it took it
+
+    def load_state_dict(self, state: dict) -> None:
+        ray.get(self.handle.load_state_dict.remote(state))
+
+    async def set_version(self, version: int) -> None:
+        await self.handle.set_version.remote(version)
+
+    async def refresh(self) -> None:
+        self.snapshot = await self.handle.snapshot.remote()
+
+
 class ClusterWatchdog(Watchdog):
     """The driver's watchdog (batch waits, evaluation envs) plus what the actors' watchdogs
     reported at the last refresh (env workers: env stages and episodes; proxy: requests)."""
@@ -255,91 +294,35 @@ class ClusterWatchdog(Watchdog):
         return (super().oldest(n) + [f"(at the last step) {w}" for w in self.remote_oldest])[:n]
 
 
-class RayRollout:
-    """The Rollout contract over the actors: proxy, buffer, env workers (supervised). The
-    synchronous reads (stats, num_ready, state_dict) answer from the snapshot of the last
-    refresh (after each weight update, and at stop)."""
-
-    def __init__(self, cfg: Config, formatter: ChatFormatter, proxy, buffer, workers: list, version: int):
-        self.cfg = cfg
-        self.formatter = formatter
-        self.proxy_handle, self.buffer_handle = proxy, buffer
-        self.proxy_stats: dict = {"gen_tokens": 0, **dict.fromkeys(PROXY_FAULTS, 0)}
-        self.buffer_snapshot: dict = {"counts": {}, "in_flight": 0, "waiting": 0, "state": {}}
-        self.scheduler = WorkerSupervisor(workers, buffer, version, cfg.runtime.ray.max_restarts)
-        self.watchdog = ClusterWatchdog(cfg.watchdog)
-        self.executor = ThreadPoolExecutor(cfg.rollout.env_threads, thread_name_prefix="eval-env")
-        self.env_workers = EnvWorkers()
-        self.proxy = RemoteProxy(proxy, version)  # the controller's updates, the evaluation envs' requests
-        self.endpoint = AgentEndpoint(self.proxy, formatter, cfg.rollout, cfg.endpoint)  # evaluation agents' calls
-
-    def env_manager(self, env_id: str, spec: EnvSpec) -> EnvManager:
-        """Evaluation envs run here in the driver; their requests go to the proxy actor."""
-        return EnvManager(env_id, spec, self.formatter, self.proxy, self.cfg.rollout, self.executor,
-                          self.watchdog, self.env_workers, self.endpoint)
-
-    def start(self) -> None:
-        self.proxy_handle.apply.remote(ray_hosts.start_proxy)
-        self.scheduler.start()
-        self.watchdog.start()
+class RayRollout(RolloutStack):
+    """The RolloutStack over the actors: its proxy, buffer and scheduler are clients of the proxy
+    actor, the buffer actor and the env-worker actors (supervised); the evaluation envs run
+    here in the driver. What the controller reads synchronously (num_ready, stats, state_dict)
+    answers from the snapshots of the last refresh, after each weight update and at stop."""
 
     async def stop(self) -> None:
-        await self.scheduler.stop()
+        await super().stop()
         await self.refresh()  # the controller's last accounting row reads it
 
-    async def get_batch(self, version: int) -> StoredBatch:
-        """The batch, and its object in the store for the trainer actor. A wait the controller
-        cancels (a stalled batch) cancels the buffer actor's too, which then takes nothing."""
-        ref = self.buffer_handle.get_batch.remote(version)
-        return StoredBatch(await call(ref), ref)
-
-    def num_ready(self) -> int:
-        return self.buffer_snapshot["waiting"]
-
-    async def cancel_running(self) -> int:
-        return await self.scheduler.cancel_running()
-
-    def stats(self) -> RolloutStats:
-        """As RolloutStack.stats, from the last refresh: the buffer actor's ledger, the episodes in
-        flight as the env workers' ledger calls and puts left them, the proxy actor's counters."""
-        snap = self.buffer_snapshot
-        restarts = self.env_workers.restarts() + sum(s["env_worker_restarts"] for s in self.scheduler.snapshots)
-        agent_http = Counter(self.endpoint.http_errors)  # evaluation agents' calls, then each env worker's
-        for s in self.scheduler.snapshots:
-            agent_http.update(s["agent_http"])
-        return RolloutStats.of(Counter(snap["counts"]), snap["in_flight"], self.proxy_stats, self.watchdog.metrics(),
-                               restarts, agent_http)
-
-    def state_dict(self) -> dict:
-        return {"buffer": self.buffer_snapshot["state"], "scheduler": self.scheduler.state_dict()}
-
-    def load_state_dict(self, state: dict) -> None:
-        ray.get(self.buffer_handle.load_state_dict.remote(state["buffer"]))
-        self.scheduler.load_state_dict(state["scheduler"])
-
     async def on_version(self, version: int) -> None:
-        await self.buffer_handle.set_version.remote(version)
-        await self.scheduler.on_version(version)
+        await super().on_version(version)
         await self.refresh()
 
     async def refresh(self) -> None:
-        """Pull the counters the controller reads synchronously (once per step)."""
-        report, self.buffer_snapshot, _ = await asyncio.gather(
-            self.proxy_handle.apply.remote(ray_hosts.report), self.buffer_handle.snapshot.remote(),
-            self.scheduler.refresh())
-        self.proxy_stats = report["stats"]
+        report, _, _ = await asyncio.gather(self.proxy.refresh(), self.buffer.refresh(), self.scheduler.refresh())
         snaps = self.scheduler.snapshots
-        self.watchdog.remote_stats = sum((Counter(s["watchdog"]) for s in snaps), Counter(report["watchdog"]))
-        self.watchdog.remote_oldest = [w for s in snaps for w in s["oldest"]] + report["oldest"]
+        self.watchdog.remote_stats = sum((Counter(s.watchdog) for s in snaps), Counter(report.watchdog))
+        self.watchdog.remote_oldest = [w for s in snaps for w in s.oldest] + report.oldest
+
+    def stats(self) -> RolloutStats:
+        """As the local stack's, the env workers' counters added."""
+        stats, snaps = super().stats(), self.scheduler.snapshots
+        stats.env_worker_restarts += sum(s.env_worker_restarts for s in snaps)
+        stats.agent_http = dict(sum((Counter(s.agent_http) for s in snaps), Counter(stats.agent_http)))
+        return stats
 
     async def close(self) -> None:
         try:
-            await self.stop()
-            await self.proxy_handle.apply.remote(ray_hosts.close_proxy)
+            await super().close()
         except RayActorError:  # lost with its node: the run's error says so
             pass
-        finally:
-            await self.endpoint.close()
-            await self.watchdog.close()
-            self.executor.shutdown(wait=False, cancel_futures=True)
-            self.env_workers.close()

@@ -13,14 +13,26 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from dataclasses import dataclass, field
 
-from ray.exceptions import ActorDiedError, RayActorError
+from ray.exceptions import ActorDiedError, RayActorError, RayTaskError
 
 from roll_agent.config import ConfigError
 
 log = logging.getLogger(__name__)
 STOP_TIMEOUT_S = 30.0  # a worker Ray cannot place again never answers its stop
-EMPTY = {"incarnation": -1, "state": None, "watchdog": {}, "oldest": [], "env_worker_restarts": 0, "agent_http": {}}
+
+
+@dataclass
+class WorkerSnapshot:
+    """An env worker's state and counters as its last refresh (or its end) left them."""
+
+    incarnation: int = -1
+    state: dict | None = None  # its GroupScheduler's (what a checkpoint keeps)
+    watchdog: dict = field(default_factory=dict)  # its watchdog's counters
+    oldest: list[str] = field(default_factory=list)  # its oldest waits
+    env_worker_restarts: int = 0
+    agent_http: dict = field(default_factory=dict)  # its agent endpoint's error answers, by class
 
 
 async def restarted_pid(ping, name: str, stopping=lambda: False) -> int | None:
@@ -44,14 +56,17 @@ async def restarted_pid(ping, name: str, stopping=lambda: False) -> int | None:
 
 
 class WorkerSupervisor:
+    """The env-worker actors as a RolloutStack's scheduler."""
+
     def __init__(self, workers: list, buffer, version: int, max_restarts: int):
-        """`buffer`: the buffer actor (it gives back a dead worker's places)."""
+        """`buffer`: the buffer actor's client (roll_agent/runtime/ray_runtime.py, BufferClient): it
+        gives back a dead worker's places and counts the episodes in flight."""
         self.workers = workers
         self.buffer = buffer
         self.version = version
         self.max_restarts = max_restarts
         self.incarnations = [0] * len(workers)
-        self.snapshots = [dict(EMPTY) for _ in workers]
+        self.snapshots = [WorkerSnapshot() for _ in workers]
         self._resume: list = [None] * len(workers)
         self._tasks: list[asyncio.Task] = []
         self._stopping = False
@@ -64,6 +79,9 @@ class WorkerSupervisor:
         while True:
             try:
                 self.snapshots[w] = await self.workers[w].run.remote(self.incarnations[w], self.version, state)
+                return
+            except RayTaskError as exc:  # it raised, it did not die: a restart would raise again
+                log.error("env worker %d failed: its lanes stop. %s", w, exc)
                 return
             except RayActorError:
                 if self._stopping:
@@ -89,15 +107,20 @@ class WorkerSupervisor:
 
     async def _retire(self, w: int) -> dict:
         """Account for a dead incarnation; returns the state its successor starts from."""
-        lost = await self.buffer.release_owner.remote((w, self.incarnations[w]))
+        lost = await self.buffer.handle.release_owner.remote((w, self.incarnations[w]))
         log.warning("env worker %d incarnation %d died: %d episodes lost", w, self.incarnations[w], lost)
         snap = self.snapshots[w]
         stride = len(self.workers)
-        last_put = (await self.buffer.last_group_ids.remote()).get(w, w - stride)
-        known = snap["state"]["next_group_id"] if snap["state"] else w
+        last_put = (await self.buffer.handle.last_group_ids.remote()).get(w, w - stride)
+        known = snap.state["next_group_id"] if snap.state else w
         self.incarnations[w] += 1
-        self.snapshots[w] = dict(EMPTY)
+        self.snapshots[w] = WorkerSnapshot()
         return {"next_group_id": max(known, last_put + stride)}
+
+    @property
+    def num_in_flight(self) -> int:
+        """As the buffer actor's ledger counted them at the last refresh."""
+        return self.buffer.snapshot.in_flight
 
     async def on_version(self, version: int) -> None:
         self.version = version
@@ -111,11 +134,11 @@ class WorkerSupervisor:
     async def refresh(self) -> None:
         snaps = await asyncio.gather(*(wk.snapshot.remote() for wk in self.workers), return_exceptions=True)
         for w, snap in enumerate(snaps):
-            if isinstance(snap, dict) and snap["incarnation"] == self.incarnations[w]:
+            if isinstance(snap, WorkerSnapshot) and snap.incarnation == self.incarnations[w]:
                 self.snapshots[w] = snap
 
     def state_dict(self) -> dict:
-        return {"workers": [s["state"] for s in self.snapshots]}
+        return {"workers": [s.state for s in self.snapshots]}
 
     def load_state_dict(self, state: dict) -> None:
         workers = state.get("workers")

@@ -59,12 +59,12 @@ def train_stack(stack, steps: int = 2, timeout: float = 120):
 @contextlib.asynccontextmanager
 async def session_of(stack, env_id: str = "agent-test"):
     """A started endpoint and one open session; yields (session, base_url)."""
-    await stack.endpoint.start()
-    session = stack.endpoint.open_session(env_id, Trajectory(env_id=env_id))
+    await stack.services.endpoint.start()
+    session = stack.services.endpoint.open_session(env_id, Trajectory(env_id=env_id))
     try:
-        yield session, stack.endpoint.session_url(session)
+        yield session, stack.services.endpoint.session_url(session)
     finally:
-        stack.endpoint.close_session(session)
+        stack.services.endpoint.close_session(session)
 
 
 # the SWE task fixtures (a tiny real project with a bug, its docker image) for mini-swe-agent

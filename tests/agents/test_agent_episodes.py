@@ -127,7 +127,7 @@ def test_weight_updates_amid_32_concurrent_agent_sessions_are_invisible_to_the_a
     spec = agent_spec(agent="tests.agents.agents_for_tests:staggered_solve")
     stack, consumed = train_stack(stack_for(formatter, answering(formatter, calculator_model), rollout=rollout,
                                             specs=[spec], engine_cfg=slow, num_engines=2), steps=4, timeout=180)
-    assert stack.endpoint.stats["errors"] == 0, stack.endpoint.error_codes
+    assert stack.services.endpoint.stats["errors"] == 0, stack.services.endpoint.error_codes
     counts = stack.buffer.ledger.counts
     assert counts["env_error"] == 0 and stack.stats().accounting()["accounting_ok"]
     switched = 0

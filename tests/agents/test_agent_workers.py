@@ -45,10 +45,10 @@ def test_function_agents_run_in_the_agent_workers_or_here(formatter, tmp_path, a
     assert len(episodes) == 8 and all(t.status == Status.FINISHED and t.reward == 1.0 for t in episodes)
     pids = {int(p.name.removeprefix("pid-")) for p in (tmp_path / "markers").glob("pid-*")}
     if agent_workers:  # the workers ran them (the first to start may run all), none ran here
-        workers = {w.process.pid for w in stack.endpoint.workers.pool.workers}
+        workers = {w.process.pid for w in stack.services.endpoint.workers.pool.workers}
         assert len(workers) == agent_workers and pids and pids <= workers and os.getpid() not in pids
     else:
-        assert stack.endpoint.workers is None and pids == {os.getpid()}
+        assert stack.services.endpoint.workers is None and pids == {os.getpid()}
     assert stack.stats().accounting()["accounting_ok"]
 
 
@@ -58,7 +58,7 @@ def test_a_worker_killed_mid_run_ends_only_its_episodes_and_is_restarted(formatt
     stack, consumed = train(formatter, agent_env(tmp_path, "dying_agent", task_ids=[0]), agent_workers=1)
     assert (tmp_path / "markers" / "killed").exists()
     assert stack.buffer.ledger.counts["env_error"] >= 1
-    assert stack.endpoint.workers.restarts == 1
+    assert stack.services.endpoint.workers.restarts == 1
     episodes = batch_episodes(consumed)
     assert len(episodes) == 8 and all(t.status == Status.FINISHED for t in episodes)
     assert stack.stats().accounting()["accounting_ok"]

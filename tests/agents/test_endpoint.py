@@ -112,7 +112,7 @@ def test_the_session_key_as_api_key_and_errors_for_unknown_or_missing_keys(forma
 
     async def go():
         async with session_of(stack) as (session, _):
-            base = stack.endpoint.base_url
+            base = stack.services.endpoint.base_url
             ok = openai.AsyncOpenAI(base_url=base, api_key=session.key)
             reply = await ok.chat.completions.create(model="m", messages=[{"role": "user", "content": "hello"}])
             wrong = openai.AsyncOpenAI(base_url=base, api_key="ra-no-such-session")
@@ -196,7 +196,7 @@ def test_completions_with_text_and_token_prompts_and_503_while_shutting_down(for
             text = await client.completions.create(model="m", prompt="hello", max_tokens=16, logprobs=1)
             ids = session.segments[0].traj.token_ids + formatter.encode(" again")
             more = await client.completions.create(model="m", prompt=ids, max_tokens=16)
-            await stack.endpoint.close()  # shutting down: new requests are refused, not dropped
+            await stack.services.endpoint.close()  # shutting down: new requests are refused, not dropped
             async with httpx.AsyncClient() as raw:
                 try:
                     late = await raw.post(f"{url}/completions", json={"prompt": "x"})

@@ -206,13 +206,13 @@ def test_an_episode_ending_mid_stream_is_an_error_event_and_nothing_is_recorded(
                 async for chunk in stream:
                     pieces += contents([chunk])
                     if pieces:
-                        stack.endpoint.close_session(session)  # a redundant episode cancelled
+                        stack.services.endpoint.close_session(session)  # a redundant episode cancelled
             await client.close()
             return pieces, session
 
     pieces, session = run(go())
     assert pieces and session.calls == 0 and not stack.proxy._inflight
-    assert stack.endpoint.stats["ended"] == 1 and stack.endpoint.stats["errors"] == 0
+    assert stack.services.endpoint.stats["ended"] == 1 and stack.services.endpoint.stats["errors"] == 0
 
 
 def test_multibyte_text_streams_whole_characters(formatter):

@@ -103,7 +103,7 @@ def test_a_worker_killed_mid_episode_ends_only_its_episodes_and_the_run_goes_on(
     killed = []
 
     async def killer():
-        pool = stack.workers.pool(spec)
+        pool = stack.services.workers.pool(spec)
         while not killed:
             await asyncio.sleep(0.05)
             worker = pool.workers[0]
@@ -121,7 +121,7 @@ def test_a_worker_killed_mid_episode_ends_only_its_episodes_and_the_run_goes_on(
 
     consumed = run(go())
     assert killed and len(consumed) == 4
-    assert stack.stats().env_worker_restarts == stack.workers.restarts() >= 1
+    assert stack.stats().env_worker_restarts == stack.services.workers.restarts() >= 1
     assert stack.buffer.ledger.counts["env_error"] >= 1
     assert stack.stats().accounting()["accounting_ok"]
     for _, batch in consumed:

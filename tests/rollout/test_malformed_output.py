@@ -10,7 +10,7 @@ import envs
 from roll_agent.config import EnvSpec, RolloutConfig
 from roll_agent.proxy.engines.scripted import ScriptedEngine
 from roll_agent.proxy.llm_proxy import LLMProxy
-from roll_agent.rollout.env_manager import EnvManager
+from roll_agent.rollout.env_manager import EnvServices
 from roll_agent.types import Status
 from tests.conftest import run
 
@@ -30,7 +30,7 @@ def test_malformed_outputs_are_invalid_actions_not_errors(formatter, env_id):
     engine = ScriptedEngine(script=script)
     proxy = LLMProxy([engine])
     rollout = RolloutConfig(max_turns=len(OUTPUTS), max_new_tokens=20_000, max_context_tokens=100_000)
-    manager = EnvManager("e0", EnvSpec(id=env_id), formatter, proxy, rollout, ThreadPoolExecutor(2))
+    manager = EnvServices(formatter, proxy, rollout, ThreadPoolExecutor(2)).env_manager("e0", EnvSpec(id=env_id))
 
     async def go():
         try:
@@ -60,7 +60,7 @@ def test_any_token_stream_from_the_model_ends_the_episode_normally(formatter, da
 
     proxy = LLMProxy([ScriptedEngine(script=script)])
     rollout = RolloutConfig(max_turns=len(turns), max_new_tokens=400, max_context_tokens=4000)
-    manager = EnvManager("e0", EnvSpec(id=env_id), formatter, proxy, rollout, ThreadPoolExecutor(1))
+    manager = EnvServices(formatter, proxy, rollout, ThreadPoolExecutor(1)).env_manager("e0", EnvSpec(id=env_id))
 
     async def go():
         try:

@@ -8,7 +8,7 @@ import gymnasium
 from roll_agent.config import EnvSpec, RolloutConfig
 from roll_agent.proxy.engines.scripted import ScriptedEngine
 from roll_agent.proxy.llm_proxy import LLMProxy
-from roll_agent.rollout.env_manager import EnvManager
+from roll_agent.rollout.env_manager import EnvServices
 from roll_agent.types import state_key
 from tests.conftest import run
 
@@ -28,7 +28,7 @@ def play(formatter, spec: EnvSpec, answers: list[str], seed: int = 5):
     replies = iter(answers)
     engine = ScriptedEngine(script=lambda _: formatter.encode(next(replies)) + [formatter.end_of_turn_id])
     rollout = RolloutConfig(max_turns=len(answers), max_new_tokens=64, max_context_tokens=4096)
-    manager = EnvManager("e0", spec, formatter, LLMProxy([engine]), rollout, ThreadPoolExecutor(2))
+    manager = EnvServices(formatter, LLMProxy([engine]), rollout, ThreadPoolExecutor(2)).env_manager("e0", spec)
 
     async def go():
         try:

@@ -12,10 +12,10 @@ from roll_agent.types import Group, Trajectory  # noqa: E402
 from tests.conftest import run  # noqa: E402
 
 
-def _identity(snap: dict) -> bool:
-    counts = snap["counts"]
+def _identity(snap) -> bool:
+    counts = snap.counts
     ended = sum(counts.get(k, 0) for k in OUTCOMES)
-    return counts["started"] == ended + snap["in_flight"]
+    return counts["started"] == ended + snap.in_flight
 
 
 def test_a_dead_workers_in_flight_episodes_end_as_lost_and_its_places_come_back():
@@ -31,16 +31,16 @@ def test_a_dead_workers_in_flight_episodes_end_as_lost_and_its_places_come_back(
         await host.call_as(live, "put", (Group(0, 7, "sim", [Trajectory(group_id=0), Trajectory(group_id=0)]),), {})
         await host.call_as(dead, "ledger.end", ("env_error",), {"n": 1})
         before = host.snapshot()
-        assert before["in_flight"] == 2 + 2 and _identity(before)  # 2 waiting here, 2 running in the dead worker
+        assert before.in_flight == 2 + 2 and _identity(before)  # 2 waiting here, 2 running in the dead worker
         # what a checkpoint keeps: the episodes in flight never end in the resumed run
-        assert before["state"]["episodes"]["cancelled"] == before["counts"]["cancelled"] + 4
+        assert before.state["episodes"]["cancelled"] == before.counts["cancelled"] + 4
 
         assert await host.release_owner(dead) == 2
         await host.call_as(dead, "ledger.end", ("cancelled", 2), {})  # a late call of the dead worker: already lost
         after = host.snapshot()
-        assert after["counts"]["lost"] == 2 and after["in_flight"] == 2 and _identity(after)
-        assert dead not in after["held"] and host.buffer.held == cfg.group_size  # only the waiting group's places
+        assert after.counts["lost"] == 2 and after.in_flight == 2 and _identity(after)
+        assert dead not in after.held and host.buffer.held == cfg.group_size  # only the waiting group's places
         batch = await host.get_batch(0)
-        assert len(batch) == 1 and _identity(host.snapshot()) and host.snapshot()["in_flight"] == 0
+        assert len(batch) == 1 and _identity(host.snapshot()) and host.snapshot().in_flight == 0
 
     run(scenario())

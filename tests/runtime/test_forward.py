@@ -92,3 +92,32 @@ def test_only_the_contract_is_callable_and_a_method_added_to_it_is_forwarded_wit
 
     batch = run(scenario())
     assert [g.group_id for g in batch] == [0] and client.async_ratio == buffer.async_ratio
+
+
+def test_every_client_the_runtimes_use_is_derived_from_its_contract():
+    """A method added to a protocol needs no edit in roll_agent/runtime/: every client of a component in
+    another process forwards each method of its contract it does not write out (the test above: a method
+    added to the contract is forwarded), and the Ray rollout is the local RolloutStack over clients of
+    the actors (a method added to Rollout and written in RolloutStack is inherited)."""
+    pytest.importorskip("ray")
+    from roll_agent.rollout.stack import RolloutStack
+    from roll_agent.runtime.ray_hosts import RemoteBuffer, RemoteEngine, RemoteLedger, RemoteProxy
+    from roll_agent.runtime.ray_runtime import RayRollout, RemoteTrainer
+    from roll_agent.runtime.trainer_process import ProcessTrainer
+
+    written_out = {  # (contract, the methods a client writes out itself)
+        RemoteEngine: (protocols.Engine, {"generate", "abort", "load_weights", "close"}),
+        RemoteProxy: (protocols.Proxy, {"generate"}),
+        RemoteBuffer: (protocols.Buffer, {"is_fresh"}),  # the buffer's own: a pure function
+        RemoteLedger: (protocols.Ledger, set()),
+        RemoteTrainer: (protocols.Trainer, set()),
+        ProcessTrainer: (protocols.Trainer, set()),
+    }
+    for client, (contract, own) in written_out.items():
+        methods = members(contract)[0]
+        forwarded = {name for name in methods if vars(client)[name].__doc__ == f"{contract.__name__}.{name}, forwarded."}
+        assert set(methods) - forwarded == own, client.__name__
+
+    assert issubclass(RayRollout, RolloutStack)
+    # what it does beyond the local stack: refresh the snapshots its synchronous reads answer from
+    assert set(vars(RayRollout)) & set(members(protocols.Rollout)[0]) == {"stop", "on_version", "stats", "close"}

@@ -111,7 +111,7 @@ def test_roles_on_labelled_nodes_weights_verified_and_lost_nodes(cluster, tmp_pa
         workers = [where[f"env-worker-{w}"] for w in (0, 1)]
         assert {role for _, role in workers} == {"envs"} and workers[0][0] != workers[1][0], where  # SPREAD
         buffer = ray.get_actor("buffer")
-        while not (await buffer.snapshot.remote())["held"].get((0, 0)):  # env worker 0 plays a group
+        while not (await buffer.snapshot.remote()).held.get((0, 0)):  # env worker 0 plays a group
             await asyncio.sleep(0.05)
         lost = next(name for name, node in nodes.items() if node.node_id == workers[0][0])
         pid = await ray.get_actor("env-worker-0").pid.remote()

@@ -103,7 +103,7 @@ async def _kill_engine_after_first_step(out, training) -> tuple[dict, int]:
             training.result()
             raise AssertionError("the run ended before the proxy saw the engine restarted")
         try:
-            stats = (await proxy.apply.remote(ray_hosts.report))["stats"]
+            stats = (await proxy.apply.remote(ray_hosts.report)).stats
         except Exception:  # the proxy actor is gone: the run is ending (the check above says how)
             await asyncio.sleep(1.0)
             if not training.done():

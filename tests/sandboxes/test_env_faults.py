@@ -9,7 +9,7 @@ import pytest
 from roll_agent.config import EnvSpec, RolloutConfig
 from roll_agent.proxy.engines.scripted import ScriptedEngine
 from roll_agent.proxy.llm_proxy import LLMProxy
-from roll_agent.rollout.env_manager import EnvManager
+from roll_agent.rollout.env_manager import EnvServices
 from roll_agent.types import Status
 from tests.conftest import run
 
@@ -56,8 +56,8 @@ def test_container_killed_mid_episode_is_env_error_and_the_next_episode_plays(fo
 
     proxy = LLMProxy([ScriptedEngine(script=script)])
     rollout = RolloutConfig(max_turns=4, step_timeout_s=30)
-    manager = EnvManager("e0", EnvSpec(id=f"{__name__}:SandboxShell-v0"), formatter, proxy, rollout,
-                         ThreadPoolExecutor(2))
+    services = EnvServices(formatter, proxy, rollout, ThreadPoolExecutor(2))
+    manager = services.env_manager("e0", EnvSpec(id=f"{__name__}:SandboxShell-v0"))
 
     async def go():
         try:
