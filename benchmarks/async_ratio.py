@@ -46,6 +46,9 @@ rounds repeat the sweep in rotated order against drift on a noisy machine. sampl
 wait + train + weight sync: the loop's wall time). Rates pool all rounds; cpu/step
 is the CPU seconds per step of the process and its trainer process (all threads, setup
 included): a check on CPU starvation, read with the load average printed beside it.
+`bound_2_vs_0` is the most any ratio can gain over lockstep, from the same run's ratio-0 steps:
+their step time over max(generation, training) time a step (generation at ratio 0 is the
+step's wait for its batch).
 
 The base model is built once with the project's own builder (`build_tiny_model` over
 `env_corpus`) from a latency-free copy of the env spec and passed as `model.path`:
@@ -160,6 +163,17 @@ def measure(topology: str, args, budget_s: float) -> dict[int, list[dict]]:
     return results
 
 
+def overlap_bound(results: dict[int, list[dict]]) -> float:
+    """What async can gain at most, measured on the lockstep (ratio 0) runs: their step time over
+    max(generation, training) time a step. At ratio 0 generation starts only after the weight
+    sync, so a step's wait for its batch is its generation time; overlapped, a step lasts at least
+    the longer of the two."""
+    runs = results[0]
+    step_s = sum(x["seconds"] for x in runs) / sum(len(x["train"]) for x in runs)
+    return step_s / max(statistics.fmean(w for x in runs for w in x["wait"]),
+                        statistics.fmean(t for x in runs for t in x["train"]))
+
+
 def report(topology: str, results: dict[int, list[dict]], args) -> dict[int, float]:
     def pooled(ratio: int, key: str) -> float:
         return statistics.fmean(x for res in results[ratio] for x in res[key])
@@ -176,6 +190,8 @@ def report(topology: str, results: dict[int, list[dict]], args) -> dict[int, flo
     print(f"\n{topology}: {len(results[0])} round(s) x {args.steps} steps (first {args.skip} skipped); {setting}")
     print(table(rows, ("ratio", "samples/s", "x ratio 0", "staleness", "train_s", "wait_s", "cpu/step",
                        "dropped", "per round")))
+    print(f"overlap bound: ratio 0's step / max(generation, training) a step = {overlap_bound(results):.2f}x "
+          f"(ratio 2 got {rate[2] / rate[0]:.2f}x)")
     return rate
 
 
@@ -211,6 +227,7 @@ def main() -> None:
     for t in topologies:  # the default topology's figures first, unprefixed: the headline
         prefix = "" if t == topologies[0] else f"{t}_"
         values.update({f"{prefix}speedup_2_vs_0": rate[t][2] / rate[t][0],
+                       f"{prefix}bound_2_vs_0": overlap_bound(measured[t]),
                        f"{prefix}speedup_2_vs_8": rate[t][2] / rate[t][8],
                        f"{prefix}sps_0": rate[t][0], f"{prefix}sps_2": rate[t][2],
                        f"{prefix}rounds": len(measured[t][0])})  # rounds run: --budget-s may stop early

@@ -11,10 +11,11 @@ episode (the simulated env's `straggler_prob`), not whole lanes that are always 
 Each arm's batch is `groups_per_batch` groups of `group_size` (the default run's 8 x 8).
 
 Redundancy buys speed by training less on what straggles: the table shows, per arm, the share
-of trained episodes that straggled (10% when nothing is dropped; lower is the bias the
-README warns about). Async ratio 0 (on-policy): every batch is generated from scratch after
-the previous step, so its fill time is what a straggler inflates. The real stack plays with
-zero training time; the first batch (env construction) is not averaged.
+of trained episodes that straggled (10% when nothing is dropped; lower is the bias
+docs/performance.md notes under rollout_redundancy). Async ratio 0 (on-policy): every batch
+is generated from scratch after the previous step, so its fill time is what a straggler
+inflates. The real stack plays with zero training time; the first batch (env construction)
+is not averaged.
 """
 
 from __future__ import annotations

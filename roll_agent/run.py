@@ -111,11 +111,16 @@ async def run_components(cfg: Config, runtime, model_path: str, out: Path) -> in
             plot_curves(out / "metrics.jsonl", out / "curves.png")
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line: `config` (a YAML file or None) and `overrides` (section.key=value)."""
     parser = argparse.ArgumentParser(prog="python -m roll_agent.run", description=__doc__.splitlines()[0])
     parser.add_argument("--config", help="YAML file under configs/ (default: the embedded tiny CPU run)")
     parser.add_argument("overrides", nargs="*", help="section.key=value")
-    args = parser.parse_intermixed_args(argv)  # --config before, between or after the overrides
+    return parser.parse_intermixed_args(argv)  # --config before, between or after the overrides
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
     try:
         cfg = load_config(args.config, args.overrides)
         final = asyncio.run(train(cfg))

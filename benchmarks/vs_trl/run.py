@@ -327,7 +327,8 @@ def main() -> None:
     if args.steps:
         SETTINGS[tasks.SINGLE_TURN]["steps"], SETTINGS[tasks.MULTI_TURN]["steps"] = args.steps
     if not Path(args.trl_python).exists():
-        sys.exit(f"No TRL interpreter at {args.trl_python}: create the venv (README, Performance) or pass --trl-python")
+        sys.exit(f"No TRL interpreter at {args.trl_python}: create the venv (docs/performance.md, "
+                 "'roll_agent vs TRL') or pass --trl-python")
     torch.set_num_threads(THREADS)  # warm-up and evaluation; the runs set their own
     start, load0 = time.perf_counter(), os.getloadavg()[0]
     results: dict = {}

@@ -1,6 +1,6 @@
 """TRL's side of the head-to-head: `GRPOTrainer` as its documentation sets it up, on CPU.
 
-Run by `run.py` with TRL's own interpreter (`/work/venv-trl/bin/python`, see the README):
+Run by `run.py` with TRL's own interpreter (`/work/venv-trl/bin/python`, see docs/performance.md, "roll_agent vs TRL"):
 
     python benchmarks/vs_trl/trl_side.py SPEC.json
 
