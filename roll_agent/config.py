@@ -161,12 +161,19 @@ class WatchdogConfig:
     batch_timeout_s: float = 1800.0  # the trainer waiting for a batch; then running episodes are cancelled
     max_batch_stalls: int = 3  # consecutive batch timeouts before the run stops with an error
     report_after_s: float = 120.0  # waits older than this are logged (oldest first) every report_after_s
+    # the run stops when this many episodes failed (env_error, lost, ...) while a batch was awaited and
+    # no group completed: 0 = three of every env of every lane (3 x num_env_groups x (group_size +
+    # group_size_redundancy)); -1 = never (the batch timeouts above still apply)
+    stop_after_failed_episodes: int = 0
 
     def __post_init__(self) -> None:
         for name in ("request_timeout_s", "batch_timeout_s", "report_after_s"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"watchdog.{name} must be >= 0 (0 = no limit), got {getattr(self, name)}")
         _positive("watchdog", max_batch_stalls=self.max_batch_stalls)
+        if self.stop_after_failed_episodes < -1:
+            raise ConfigError("watchdog.stop_after_failed_episodes must be >= 1, 0 (three of every env of every "
+                              f"lane) or -1 (never), got {self.stop_after_failed_episodes}")
 
 
 @dataclass

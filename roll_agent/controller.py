@@ -20,7 +20,7 @@ from transformers import PreTrainedTokenizerBase
 
 from roll_agent.agents.sessions import FORK_REASONS
 from roll_agent.checkpoint import Checkpointer
-from roll_agent.config import CheckpointConfig, EvalConfig
+from roll_agent.config import CheckpointConfig, EvalConfig, RolloutConfig, WatchdogConfig
 from roll_agent.metrics import MetricsLogger
 from roll_agent.protocols import Rollout, SyncReport, Trainer
 from roll_agent.rollout.accounting import OUTCOMES
@@ -31,6 +31,7 @@ from roll_agent.types import Group
 from roll_agent.watchdog import Stuck
 
 log = logging.getLogger(__name__)
+FAILURE_POLL_S = 5.0  # while a batch is awaited: how often new failure reasons are looked for
 STALE_WARN_SHARE = 0.1  # of the episodes started: warn once when more are dropped as stale
 
 
@@ -89,10 +90,21 @@ class Components:
     dumps: TrajectoryDumps | None = None  # rollout dumps (logging.trajectories)
 
 
+def failure_limit(watchdog: WatchdogConfig, rollout: RolloutConfig) -> int:
+    """`watchdog.stop_after_failed_episodes` resolved: 0 -> three failures of every env of every lane,
+    -1 -> 0 (never)."""
+    if watchdog.stop_after_failed_episodes:
+        return max(watchdog.stop_after_failed_episodes, 0)
+    return 3 * rollout.num_env_groups * (rollout.group_size + rollout.group_size_redundancy)
+
+
 class AsyncController:
     def __init__(self, parts: Components, logger: MetricsLogger, checkpointer: Checkpointer, max_steps: int,
-                 checkpoint_cfg: CheckpointConfig, eval_cfg: EvalConfig):
+                 checkpoint_cfg: CheckpointConfig, eval_cfg: EvalConfig, stop_after_failed: int = 0):
+        """`stop_after_failed`: episodes failed while a batch is awaited, no group completing, that end
+        the run (`failure_limit`; 0: never)."""
         self.p = parts
+        self.stop_after_failed = stop_after_failed
         self.logger = logger
         self.checkpointer = checkpointer
         self.max_steps = max_steps
@@ -100,6 +112,7 @@ class AsyncController:
         self.eval_cfg = eval_cfg
         self.eval_seeds = [eval_cfg.seed_offset + i for i in range(eval_cfg.num_episodes)]
         self._last_counts: dict[str, int] = {}
+        self._reasons_said: set[str] = set()  # failure reason classes already in the log
         self._last_tokens = 0
         self._last_time = time.perf_counter()
         self._warned_stale = False
@@ -151,7 +164,21 @@ class AsyncController:
 
     async def _next_batch(self, version: int) -> list[Group]:
         """The buffer's next batch; a wait past watchdog.batch_timeout_s cancels the running episodes
-        (they start afresh) and is retried, `max_batch_stalls` times in a row at most."""
+        (they start afresh) and is retried, `max_batch_stalls` times in a row at most. Meanwhile new
+        failure reasons are logged, and a wait in which only failures come ends the run."""
+        waiting = asyncio.create_task(self._wait_for_batch(version))
+        watching = asyncio.create_task(self._watch_failures(version))
+        try:
+            done, _ = await asyncio.wait({waiting, watching}, return_when=asyncio.FIRST_COMPLETED)
+            if watching in done:
+                watching.result()  # raises: the run cannot make progress
+            return waiting.result()
+        finally:
+            for task in (waiting, watching):
+                task.cancel()
+            await asyncio.gather(waiting, watching, return_exceptions=True)
+
+    async def _wait_for_batch(self, version: int) -> list[Group]:
         rollout, cfg = self.p.rollout, self.p.rollout.watchdog.cfg
         for _ in range(cfg.max_batch_stalls):
             what = f"batch for version {version + 1} ({rollout.num_ready()} groups ready)"
@@ -161,9 +188,13 @@ class AsyncController:
             except Stuck:
                 log.warning("watchdog: still waiting on %s", "; ".join(rollout.watchdog.oldest()) or "nothing")
                 await rollout.cancel_running()
+        await rollout.refresh()
+        stats = rollout.stats()
+        failed = max(stats.reasons, key=stats.reasons.get, default=None)
+        why = (f"{stats.reasons[failed]} episodes ended {failed.replace('/', ' with ', 1)}, the first: "
+               f"{stats.reason_examples[failed].splitlines()[0]}") if failed else "the envs or engines are stuck"
         raise RuntimeError(f"no batch for version {version + 1} after {cfg.max_batch_stalls} waits of "
-                           f"{cfg.batch_timeout_s:.0f}s (watchdog.batch_timeout_s); the envs or engines are stuck: "
-                           "see the watchdog warnings above")
+                           f"{cfg.batch_timeout_s:.0f}s (watchdog.batch_timeout_s): {why}; see the warnings above")
 
     def save(self, step: int) -> None:
         p = self.p
@@ -193,6 +224,8 @@ class AsyncController:
         for key in ("started", *OUTCOMES):  # this step's share of each outcome
             out[f"episodes_{key}"] = stats.episodes.get(key, 0) - self._last_counts.get(key, 0)
         self._last_counts = dict(stats.episodes)
+        self._say_new_reasons(stats)
+        out.update({f"episodes_reason/{key}": n for key, n in stats.reasons.items()})  # cumulative
         out.update(stats.accounting(), **stats.watchdog, **{f"proxy_{k}": v for k, v in stats.proxy_faults.items()},
                    env_worker_restarts=stats.env_worker_restarts)
         if any("agent_calls" in t.metrics for t in trajs) or stats.agent_http:  # errors answered to agents so far
@@ -203,3 +236,35 @@ class AsyncController:
         out["gen_tokens_per_s"] = (stats.gen_tokens - self._last_tokens) / max(now - self._last_time, 1e-9)
         self._last_tokens, self._last_time = stats.gen_tokens, now
         return out
+
+    async def _watch_failures(self, version: int) -> None:
+        """While a batch is awaited: new failure reasons reach the log within seconds (a run whose
+        every episode fails has no next step to log them at), and once `stop_after_failed` episodes
+        failed with no group completed, the run stops naming the most common reason."""
+        rollout = self.p.rollout
+        await rollout.refresh()
+        before = rollout.stats()
+        while True:
+            await asyncio.sleep(FAILURE_POLL_S)
+            await rollout.refresh()
+            stats = rollout.stats()
+            self._say_new_reasons(stats)
+            new = {k: n - before.reasons.get(k, 0) for k, n in stats.reasons.items() if n > before.reasons.get(k, 0)}
+            failed = sum(new.values())
+            if self.stop_after_failed and failed >= self.stop_after_failed and stats.groups_put == before.groups_put:
+                top = max(new, key=new.get)
+                raise RuntimeError(
+                    f"{failed} episodes failed while the run waited for the batch of version {version + 1}, and no "
+                    f"group completed: {new[top]} ended {top.replace('/', ' with ', 1)}, the first:\n"
+                    f"{stats.reason_examples[top]}\nFix the env or agent (`python -m roll_agent.check_env` plays "
+                    "an env alone); watchdog.stop_after_failed_episodes sets how many failures end a run")
+
+    def _say_new_reasons(self, stats) -> None:
+        """Log each failure reason class once, with its first episode's reason whole; after that it is
+        counted (metrics.jsonl: `episodes_reason/<outcome>/<class>`)."""
+        for key, example in sorted(stats.reason_examples.items()):
+            if key not in self._reasons_said:
+                self._reasons_said.add(key)
+                outcome, what = key.split("/", 1)
+                log.warning("%d episode(s) so far ended %s with %s (counted as episodes_reason/%s in metrics.jsonl); "
+                            "the first:\n%s", stats.reasons.get(key, 0), outcome, what, key, example)

@@ -106,7 +106,8 @@ def plot_curves(metrics_path: Path, out_png: Path) -> None:
                 ax.plot(xs, ys, marker="o" if data is evals else None, label=label)
         ax.set_title(title)
         ax.set_xlabel("step")
-        ax.legend(loc="best", fontsize=8)
+        if ax.lines:  # a run that stopped before any row has nothing to label
+            ax.legend(loc="best", fontsize=8)
         ax.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(out_png, dpi=90)

@@ -93,7 +93,8 @@ class Ledger(Protocol):
 
     def start(self, n: int = 1) -> None: ...
 
-    def end(self, outcome: Status, n: int = 1) -> None: ...
+    def end(self, outcome: Status, n: int = 1, reason: str = "") -> None:
+        """`reason`: why the episodes failed (an error and its traceback's tail, a timeout), if they did."""
 
 
 @runtime_checkable
@@ -158,7 +159,10 @@ class Rollout(Protocol):
         """The proxy serves `version` now: admission widens, groups too stale for it are cancelled."""
 
     def stats(self):
-        """A `RolloutStats` (roll_agent/rollout/accounting.py): cumulative counters now."""
+        """A `RolloutStats` (roll_agent/rollout/accounting.py): cumulative counters as of the last refresh."""
+
+    async def refresh(self) -> None:
+        """Bring the counters `stats()` reads up to date where they live elsewhere (actors)."""
 
     def state_dict(self) -> dict:
         """What a checkpoint keeps: the buffer's groups and counters, the scheduler's seeds."""

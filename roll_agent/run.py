@@ -18,7 +18,7 @@ from transformers import AutoTokenizer
 from roll_agent.checkpoint import Checkpointer
 from roll_agent.config import Config, ConfigError
 from roll_agent.config_loader import load_config, to_dict, to_yaml
-from roll_agent.controller import AsyncController, Components
+from roll_agent.controller import AsyncController, Components, failure_limit
 from roll_agent.metrics import MetricsLogger, plot_curves
 from roll_agent.rollout.chat import ChatFormatter
 from roll_agent.env_registry import check_env_specs
@@ -97,7 +97,8 @@ async def run_components(cfg: Config, runtime, model_path: str, out: Path) -> in
                      for s in cfg.envs for i in range(min(cfg.eval.num_episodes, 16))]
     dumps = TrajectoryDumps(out, cfg.logging.trajectories, formatter, first_step)
     parts = Components(rollout, trainer, eval_managers, tokenizer, dumps)
-    controller = AsyncController(parts, logger, checkpointer, cfg.max_steps, cfg.checkpoint, cfg.eval)
+    controller = AsyncController(parts, logger, checkpointer, cfg.max_steps, cfg.checkpoint, cfg.eval,
+                                 failure_limit(cfg.watchdog, cfg.rollout))
     try:
         await controller.sync_weights(trainer.version)  # engines serve the (warm-started / resumed) weights
         return await controller.run()

@@ -9,6 +9,7 @@ the rest of the system loads it exactly like a user's `model.path`.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import random
 from pathlib import Path
@@ -20,6 +21,8 @@ from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedTokenizerFa
 
 from roll_agent.config import Config, EnvSpec, TinyModelConfig
 from roll_agent.env_extras import agent_of, expert
+
+log = logging.getLogger(__name__)
 
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 # ChatML, plus tools in the Hermes / Qwen convention: the tool schemas are listed in the system
@@ -66,24 +69,37 @@ def env_corpus(env_specs: list[EnvSpec], episodes_per_env: int = 24, seed: int =
     bar = tqdm(total=len(env_specs) * episodes_per_env, desc="model: tokenizer corpus", unit="episode",
                disable=not progress, dynamic_ncols=True)
     for spec in env_specs:
-        env = make_env(spec)
+        env, failures = make_env(spec), []
         try:
             for ep in range(episodes_per_env):
                 bar.update(1)
-                obs, info = env.reset(seed=rng.randrange(10**6))
-                texts += [info.get("instructions", ""), obs] + [json.dumps(t) for t in info.get("tools") or []]
-                if agent_of(env) is not None:
-                    continue  # an agent env's episode is its agent's run: the task text is what it has
-                for _ in range(12):
-                    action = _corpus_action(env, info, rng)
-                    texts.append(action)
-                    obs, _, term, trunc, info = env.step(action)
-                    texts.append(obs)
-                    if term or trunc:
-                        break
+                try:
+                    texts += _corpus_episode(env, rng)
+                except Exception as exc:  # a flaky env costs this episode only: a fresh env plays the next
+                    failures.append(f"{type(exc).__name__}: {exc}")
+                    env.close()
+                    env = make_env(spec)
         finally:
             env.close()
+        if failures:
+            log.warning("model: %d of %d corpus episodes of %s failed and were left out; the first: %s",
+                        len(failures), episodes_per_env, spec.id, failures[0])
     bar.close()
+    return texts
+
+
+def _corpus_episode(env, rng: random.Random) -> list[str]:
+    obs, info = env.reset(seed=rng.randrange(10**6))
+    texts = [info.get("instructions", ""), obs] + [json.dumps(t) for t in info.get("tools") or []]
+    if agent_of(env) is not None:
+        return texts  # an agent env's episode is its agent's run: the task text is what it has
+    for _ in range(12):
+        action = _corpus_action(env, info, rng)
+        texts.append(action)
+        obs, _, term, trunc, info = env.step(action)
+        texts.append(obs)
+        if term or trunc:
+            break
     return texts
 
 

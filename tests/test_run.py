@@ -129,3 +129,45 @@ def test_a_misnamed_env_kwarg_or_model_path_exits_2_before_any_work(tmp_path, ov
     assert done.stderr.startswith("config error: ") and named in done.stderr, done.stderr
     assert "Traceback" not in done.stderr
     assert not (tmp_path / "base_model").exists()  # nothing was built
+
+
+@pytest.mark.slow
+def test_why_episodes_failed_is_in_the_log_once_and_counted_by_reason_in_the_metrics(tmp_path, caplog):
+    """An env that raises on some steps: its error (with where it raised) is logged once for its
+    class, and each step's row counts the failed episodes by outcome and reason class."""
+    env = "envs=[{id: roll_agent/Simulated-v0, kwargs: {episode_len: 2, fail_prob: 0.3}}]"
+    cfg = small_cfg(tmp_path, env, "rollout.num_env_groups=4", "max_steps=3")
+    with caplog.at_level("WARNING", logger="roll_agent.controller"):
+        assert run(train(cfg), timeout=300) == 3
+    key = "episodes_reason/env_error/SimulatedEnvError"
+    rows = [r for r in read_rows(tmp_path / "metrics.jsonl") if "loss" in r]
+    counts = [r.get(key, 0) for r in rows]
+    assert counts[-1] > 0 and counts == sorted(counts)  # cumulative
+    assert rows[-1]["episodes_total_env_error"] >= counts[-1]
+    said = [r.getMessage() for r in caplog.records if "episodes_reason/env_error/SimulatedEnvError" in r.getMessage()]
+    assert len(said) == 1, said
+    assert "SimulatedEnvError: simulated failure at step" in said[0] and "simulated.py" in said[0]  # where it raised
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stop", ["early", "at_the_batch_timeout"])
+def test_a_run_whose_every_episode_fails_says_why_while_it_waits_and_when_it_stops(tmp_path, caplog, stop):
+    """By default such a run stops once three episodes of every env of every lane failed with no group
+    completed (seconds, not the batch timeouts' 90 minutes); with that off, at the batch timeout."""
+    env = "envs=[{id: roll_agent/Simulated-v0, kwargs: {episode_len: 2, fail_prob: 1.0}}]"
+    if stop == "early":
+        extra = ["watchdog.batch_timeout_s=600"]
+        expected = (r"(\d+) episodes failed while the run waited for the batch of version 1, and no group completed: "
+                    r"\d+ ended env_error with SimulatedEnvError, the first:\nenv g\d-e\d \([\w-]+, seed \d+\): "
+                    r"SimulatedEnvError: simulated failure")
+    else:
+        extra = ["watchdog.stop_after_failed_episodes=-1", "watchdog.batch_timeout_s=8", "watchdog.max_batch_stalls=1"]
+        expected = (r"no batch for version 1 after 1 waits of 8s .* episodes ended env_error with SimulatedEnvError, "
+                    r"the first: env g\d-e\d \([\w-]+, seed \d+\): SimulatedEnvError: simulated failure")
+    cfg = small_cfg(tmp_path, env, *extra)
+    with caplog.at_level("WARNING", logger="roll_agent.controller"), pytest.raises(RuntimeError, match=expected) as e:
+        run(train(cfg), timeout=300)
+    if stop == "early":
+        assert int(e.value.args[0].split()[0]) >= 3 * 2 * 3  # rollout.num_env_groups=2 lanes of 2 + 1 envs
+    said = [r.getMessage() for r in caplog.records if "episodes_reason/env_error/SimulatedEnvError" in r.getMessage()]
+    assert len(said) == 1 and "simulated.py" in said[0]  # said while waiting (no step ever came), once

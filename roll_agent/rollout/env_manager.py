@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+import traceback
 from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -43,6 +44,12 @@ log = logging.getLogger(__name__)
 
 class EnvStepError(RuntimeError):
     """The env failed (raised or timed out) during reset/step."""
+
+
+def _failure(exc: BaseException) -> str:
+    """`Name: message` and the last frames of its traceback (where it raised): an episode's error."""
+    frames = traceback.format_tb(exc.__traceback__)[-3:]
+    return f"{type(exc).__name__}: {exc}" + ("\n" + "".join(frames).rstrip() if frames else "")
 
 
 @dataclass
@@ -117,7 +124,7 @@ class EnvManager:
         except asyncio.CancelledError:
             raise
         except Exception as exc:
-            raise EnvStepError(f"{type(exc).__name__}: {exc}") from exc
+            raise EnvStepError(_failure(exc)) from exc
 
     async def _await(self, stage: str, call, *args, timeout: float, **kwargs):
         """An async env call, bounded like a thread call; its failure is the env's."""
@@ -129,7 +136,7 @@ class EnvManager:
         except asyncio.CancelledError:
             raise
         except Exception as exc:
-            raise EnvStepError(f"{type(exc).__name__}: {exc}") from exc
+            raise EnvStepError(_failure(exc)) from exc
 
     async def _make_env(self):
         timeout = max(self.cfg.step_timeout_s, 300.0)  # a first load may take a while (ALFWorld: seconds)
@@ -189,7 +196,7 @@ class EnvManager:
         except Exception as exc:  # an engine failure or a bug: this episode ends, the run goes on
             log.exception("episode on %s (seed %s) failed", self.env_id, seed)
             traj.status = Status.CANCELLED
-            traj.error = f"{type(exc).__name__}: {exc}"
+            traj.error = _failure(exc)
         finally:
             traj.timing["episode_s"] = time.perf_counter() - start
             self.current = None

@@ -127,7 +127,8 @@ class GroupScheduler:
         if traj.status in (Status.FINISHED, Status.TRUNCATED):
             lane.kept.append(traj)  # its outcome is decided when the group is trained on or dropped
         else:
-            self.ledger.end(traj.status)
+            self.ledger.end(traj.status, reason=traj.error and f"env {traj.env_id} ({traj.env_tag}, seed {traj.seed}): "
+                                                               f"{traj.error}")
 
     async def _collect(self, lane: Lane) -> list[Trajectory]:
         """Wait for `group_size` good episodes, then cancel the rest (the redundant ones)."""

@@ -65,12 +65,16 @@ class RolloutStack:
     def stats(self) -> RolloutStats:
         """The cumulative counters now (`.accounting()`: the episode identity check)."""
         services = self.services
-        return RolloutStats.of(self.buffer.ledger.counts, self.scheduler.num_in_flight, self.proxy.stats,
-                               self.watchdog.metrics(), services.workers.restarts(), services.endpoint.http_errors)
+        return RolloutStats.of(self.buffer.ledger, self.scheduler.num_in_flight, self.proxy.stats,
+                               self.watchdog.metrics(), services.workers.restarts(), services.endpoint.http_errors,
+                               self.buffer.stats["groups_put"])
 
     async def on_version(self, version: int) -> None:
         await self.buffer.set_version(version)
         await self.scheduler.on_version(version)
+
+    async def refresh(self) -> None:
+        """Nothing to pull: the counters `stats()` reads are in this process."""
 
     async def close(self) -> None:
         try:

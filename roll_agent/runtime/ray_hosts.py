@@ -216,6 +216,9 @@ class BufferSnapshot:
     waiting: int = 0  # groups ready to train on
     state: dict = field(default_factory=dict)  # what a checkpoint keeps (the episodes in flight counted as cancelled)
     held: dict = field(default_factory=dict)  # (worker, incarnation) -> groups admitted, not yet put
+    stats: dict = field(default_factory=lambda: {"groups_put": 0})  # the SampleBuffer's counters
+    reasons: dict = field(default_factory=dict)  # the ledger's failure counts by reason class
+    examples: dict = field(default_factory=dict)  # and the first reason of each
 
 
 class BufferHost:
@@ -245,7 +248,8 @@ class BufferHost:
         for _ in range(self.held.pop(owner, 0)):
             await self.buffer.release()
         lost = self.in_flight.pop(owner, 0)
-        self.buffer.ledger.end(Status.LOST, lost)
+        self.buffer.ledger.end(Status.LOST, lost, f"EnvWorkerDied: env worker {owner[0]} (incarnation {owner[1]}) "
+                                                  "died with these episodes in flight")
         return lost
 
     def barrier(self) -> None:
@@ -262,8 +266,9 @@ class BufferHost:
 
     def snapshot(self) -> BufferSnapshot:
         in_flight = sum(self.in_flight.values()) + self.buffer.num_waiting_episodes
-        return BufferSnapshot(dict(self.buffer.ledger.counts), in_flight, len(self.buffer),
-                              self.buffer.state_dict(in_flight), dict(self.held))
+        ledger = self.buffer.ledger
+        return BufferSnapshot(dict(ledger.counts), in_flight, len(self.buffer), self.buffer.state_dict(in_flight),
+                              dict(self.held), dict(self.buffer.stats), dict(ledger.reasons), dict(ledger.examples))
 
     def load_state_dict(self, state: dict) -> None:
         self.buffer.load_state_dict(state)
@@ -285,9 +290,9 @@ class OwnedBuffer:
             self.host.buffer.ledger.start(n)
             self.host.in_flight[self.owner] += n
 
-    def end(self, outcome: Status, n: int = 1) -> None:
+    def end(self, outcome: Status, n: int = 1, reason: str = "") -> None:
         if self.owner not in self.host.dead:  # a late message of a dead worker: its episodes already ended as lost
-            self.host.buffer.ledger.end(outcome, n)
+            self.host.buffer.ledger.end(outcome, n, reason)
             self.host.in_flight[self.owner] -= n
 
     async def admit(self) -> None:

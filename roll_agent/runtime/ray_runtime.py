@@ -244,7 +244,7 @@ class RemoteTrainer:
 
 class BufferClient:
     """The buffer actor as the driver's RolloutStack uses it: batches and versions by call, the
-    rest (`len`, `ledger.counts`, `state_dict`) from the snapshot of the last refresh."""
+    rest (`len`, the ledger's counts and reasons, `state_dict`) from the snapshot of the last refresh."""
 
     def __init__(self, handle):
         self.handle = handle
@@ -254,6 +254,18 @@ class BufferClient:
     @property
     def counts(self) -> dict:
         return self.snapshot.counts
+
+    @property
+    def stats(self) -> dict:
+        return self.snapshot.stats
+
+    @property
+    def reasons(self) -> dict:
+        return self.snapshot.reasons
+
+    @property
+    def examples(self) -> dict:
+        return self.snapshot.examples
 
     async def get_batch(self, version: int) -> StoredBatch:
         """The batch, and its object in the store for the trainer actor. A wait the controller

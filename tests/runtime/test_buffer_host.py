@@ -29,7 +29,7 @@ def test_a_dead_workers_in_flight_episodes_end_as_lost_and_its_places_come_back(
             await host.call_as(owner, "ledger.start", (3,), {})
         await host.call_as(live, "ledger.end", ("cancelled", 1), {})  # the redundant one
         await host.call_as(live, "put", (Group(0, 7, "sim", [Trajectory(group_id=0), Trajectory(group_id=0)]),), {})
-        await host.call_as(dead, "ledger.end", ("env_error",), {"n": 1})
+        await host.call_as(dead, "ledger.end", ("env_error",), {"n": 1, "reason": "ValueError: boom\n  File env.py"})
         before = host.snapshot()
         assert before.in_flight == 2 + 2 and _identity(before)  # 2 waiting here, 2 running in the dead worker
         # what a checkpoint keeps: the episodes in flight never end in the resumed run
@@ -39,6 +39,9 @@ def test_a_dead_workers_in_flight_episodes_end_as_lost_and_its_places_come_back(
         await host.call_as(dead, "ledger.end", ("cancelled", 2), {})  # a late call of the dead worker: already lost
         after = host.snapshot()
         assert after.counts["lost"] == 2 and after.in_flight == 2 and _identity(after)
+        # why they ended reaches the driver with the counts: the env's error, the dead worker
+        assert after.reasons == {"env_error/ValueError": 1, "lost/EnvWorkerDied": 2}
+        assert after.examples["env_error/ValueError"].startswith("ValueError: boom")
         assert dead not in after.held and host.buffer.held == cfg.group_size  # only the waiting group's places
         batch = await host.get_batch(0)
         assert len(batch) == 1 and _identity(host.snapshot()) and host.snapshot().in_flight == 0
