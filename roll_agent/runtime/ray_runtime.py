@@ -249,23 +249,15 @@ class BufferClient:
     def __init__(self, handle):
         self.handle = handle
         self.snapshot = BufferSnapshot()
-        self.ledger = self
 
     @property
-    def counts(self) -> dict:
-        return self.snapshot.counts
+    def ledger(self) -> BufferSnapshot:
+        """The ledger's counts, reasons and examples as of the last refresh."""
+        return self.snapshot
 
     @property
     def stats(self) -> dict:
         return self.snapshot.stats
-
-    @property
-    def reasons(self) -> dict:
-        return self.snapshot.reasons
-
-    @property
-    def examples(self) -> dict:
-        return self.snapshot.examples
 
     async def get_batch(self, version: int) -> StoredBatch:
         """The batch, and its object in the store for the trainer actor. A wait the controller
