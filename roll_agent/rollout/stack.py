@@ -44,6 +44,7 @@ class RolloutStack:
 
     async def stop(self) -> None:
         await self.scheduler.stop()
+        await self.refresh()  # the controller's last accounting row reads it
 
     async def get_batch(self, version: int) -> list[Group]:
         return await self.buffer.get_batch(version)
@@ -72,6 +73,7 @@ class RolloutStack:
     async def on_version(self, version: int) -> None:
         await self.buffer.set_version(version)
         await self.scheduler.on_version(version)
+        await self.refresh()
 
     async def refresh(self) -> None:
         """Nothing to pull: the counters `stats()` reads are in this process."""

@@ -304,14 +304,6 @@ class RayRollout(RolloutStack):
     here in the driver. What the controller reads synchronously (num_ready, stats, state_dict)
     answers from the snapshots of the last refresh, after each weight update and at stop."""
 
-    async def stop(self) -> None:
-        await super().stop()
-        await self.refresh()  # the controller's last accounting row reads it
-
-    async def on_version(self, version: int) -> None:
-        await super().on_version(version)
-        await self.refresh()
-
     async def refresh(self) -> None:
         report, _, _ = await asyncio.gather(self.proxy.refresh(), self.buffer.refresh(), self.scheduler.refresh())
         snaps = self.scheduler.snapshots

@@ -120,4 +120,4 @@ def test_every_client_the_runtimes_use_is_derived_from_its_contract():
 
     assert issubclass(RayRollout, RolloutStack)
     # what it does beyond the local stack: refresh the snapshots its synchronous reads answer from
-    assert set(vars(RayRollout)) & set(members(protocols.Rollout)[0]) == {"stop", "on_version", "stats", "close", "refresh"}
+    assert set(vars(RayRollout)) & set(members(protocols.Rollout)[0]) == {"stats", "close", "refresh"}
